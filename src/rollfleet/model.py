@@ -271,10 +271,14 @@ class Completion(Record):
 
 
 class CompletionOutcome(Record):
-    """What ``complete_many`` did with one completion: the rollout, or the error that refused it."""
+    """What ``complete_many`` did with one completion: the rollout's new status, or the error that refused it.
+
+    Deliberately not the whole rollout: echoing every input back would cost more than the completion.
+    """
 
     attempt_id: str
-    rollout: Rollout | None = None
+    rollout_id: str | None = None
+    rollout_status: RolloutStatus | None = None
     error_type: str | None = None
     error: str | None = None
 

@@ -307,6 +307,9 @@ async def test_complete_many_answers_each_item(case) -> None:  # type: ignore[no
     await s.cancel(claimed[1].rollout_id)
     outcomes = await s.complete_many(items)
     assert [o.attempt_id for o in outcomes] == [i.attempt_id for i in items]
-    assert outcomes[0].rollout.status is RolloutStatus.SUCCEEDED and outcomes[2].rollout.result.reward == 2.0
-    assert outcomes[1].error_type == "Conflict" and outcomes[1].rollout is None
+    assert outcomes[0].rollout_status is RolloutStatus.SUCCEEDED and outcomes[0].rollout_id == claimed[0].rollout_id
+    assert (await s.get_rollout(claimed[2].rollout_id)).result.reward == 2.0
+    assert outcomes[1].error_type == "Conflict" and outcomes[1].rollout_status is None
     assert outcomes[3].error_type == "NotFound"
+    again = await s.complete_many(items[:1])  # a retried batch is answered the same, and changes nothing
+    assert again[0].rollout_status is RolloutStatus.SUCCEEDED and again[0].error is None

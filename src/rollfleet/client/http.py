@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from functools import cache
 from typing import Any, TypeVar
 
 import httpx
@@ -26,8 +27,13 @@ T = TypeVar("T")
 RETRIES = 4
 
 
+@cache
+def _adapter(tp: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(tp)  # building an adapter costs far more than one decode: once per type
+
+
 def _decode(tp: Any, content: bytes) -> Any:
-    return TypeAdapter(tp).validate_json(content)
+    return _adapter(tp).validate_json(content)
 
 
 def _body(value: Any) -> bytes:

@@ -259,11 +259,11 @@ class Runner:
                 status, result, error = outcome
                 answer = await self._completions.submit(Completion(attempt_id=attempt_id, status=status,
                                                                    result=result, error=error))
-                if answer.rollout is None:
+                if answer.rollout_status is None:
                     raise ERRORS_BY_NAME.get(answer.error_type or "", RollfleetError)(answer.error or "refused")
                 self._count(status)
                 self.on_event("rollout_finished", worker_id=self.worker_id, rollout_id=live.rollout.rollout_id,
-                              status=status.value, rollout_status=answer.rollout.status.value,
+                              status=status.value, rollout_status=answer.rollout_status.value,
                               reward=None if result is None else result.reward, error=error)
         except (Conflict, NotFound) as exc:
             self.stats.fenced += 1

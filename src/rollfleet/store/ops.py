@@ -10,22 +10,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rollfleet.errors import Conflict, InvalidInput, NotFound
+from rollfleet.errors import Conflict, InvalidInput, NotFound, RollfleetError
 from rollfleet.model import (
-    ACTIVE_ATTEMPT, OUTCOME, AttemptStatus, HeartbeatReply, ReapReport, Resources, RetryDecision,
+    ACTIVE_ATTEMPT, OUTCOME, Attempt, AttemptStatus, Completion, CompletionOutcome, HeartbeatReply, ReapReport, Resources, RetryDecision,
     Rollout, RolloutResult, RolloutSpec, RolloutStatus, StepIn, Worker, WorkerStatus,
     check_attempt_transition, check_rollout_transition, new_id, retry_decision,
 )
 from rollfleet.store.reads import get_resources, query_workers
-from rollfleet.store.records import _ids, dumps, get_rollout, get_rollouts
+from rollfleet.store.records import _ids, dumps, get_rollout, get_rollouts, rollout_from_row
 from rollfleet.store.tx import Row, Tx
 
 TIMEOUT_GRACE_S = 2.0  # the runner enforces timeout_s itself; the reaper is the backstop
-
-
-
-
-
 
 
 def migrate(tx: Tx) -> None:
@@ -56,10 +51,12 @@ def enqueue_many(tx: Tx, specs: Sequence[RolloutSpec], now: float) -> list[Rollo
     return get_rollouts(tx, ids)
 
 
+def _open_attempts(tx: Tx, claimed: list[Row], worker_id: str | None, now: float) -> list[Rollout]:
+    """Insert a PREPARING attempt for each just-leased rollout row; return the leased rollouts.
 
-
-def _open_attempts(tx: Tx, claimed: list[Row], worker_id: str | None, now: float) -> list[str]:
-    tx.many("insert_attempt", [
+    The rows come from the claiming UPDATE's RETURNING, so the answer is built without reading back.
+    """
+    attempts = [
         {
             "attempt_id": row["current_attempt_id"], "rollout_id": row["rollout_id"],
             "sequence": row["num_attempts"], "worker_id": worker_id, "now": now,
@@ -67,10 +64,17 @@ def _open_attempts(tx: Tx, claimed: list[Row], worker_id: str | None, now: float
             "deadline_at": None if row["timeout_s"] is None else now + row["timeout_s"],
         }
         for row in claimed
-    ])
+    ]
+    tx.many("insert_attempt", attempts)
     if worker_id is not None and claimed:
         tx.run("touch_worker", worker_id=worker_id, status=WorkerStatus.BUSY.value, now=now)
-    return [row["rollout_id"] for row in claimed]
+    return [
+        rollout_from_row(row, Attempt(
+            attempt_id=a["attempt_id"], rollout_id=a["rollout_id"], sequence=a["sequence"], worker_id=worker_id,
+            status=AttemptStatus.PREPARING, started_at=now, lease_expires_at=a["lease_expires_at"],
+        ))
+        for row, a in zip(claimed, attempts, strict=True)
+    ]
 
 
 def claim(tx: Tx, worker_id: str, max_n: int, now: float) -> list[Rollout]:
@@ -78,7 +82,7 @@ def claim(tx: Tx, worker_id: str, max_n: int, now: float) -> list[Rollout]:
     reap(tx, now)
     claimed = sorted(tx.all("claim_rollouts", max_n=max_n, now=now), key=lambda r: (-r["priority"], r["seq"]))
     tx.run("touch_worker", worker_id=worker_id, status=None, now=now)
-    return get_rollouts(tx, _open_attempts(tx, claimed, worker_id, now))
+    return _open_attempts(tx, claimed, worker_id, now)
 
 
 def start_rollout(tx: Tx, spec: RolloutSpec, worker_id: str | None, now: float) -> Rollout:
@@ -88,7 +92,7 @@ def start_rollout(tx: Tx, spec: RolloutSpec, worker_id: str | None, now: float) 
     claimed = tx.all("start_rollout", rollout_id=rollout_id, attempt_id=new_id("at"), now=now)
     if not claimed:
         raise Conflict(f"rollout {rollout_id} exists already and is not queuing")
-    return get_rollouts(tx, _open_attempts(tx, claimed, worker_id, now))[0]
+    return _open_attempts(tx, claimed, worker_id, now)[0]
 
 
 # --- attempts: heartbeat, steps, completion --------------------------------------------------
@@ -111,7 +115,10 @@ def heartbeat(tx: Tx, attempt_ids: Sequence[str], worker_id: str | None, now: fl
 
 
 def _live_attempt(tx: Tx, attempt_id: str) -> Row:
-    row = tx.one("select_attempt", attempt_id=attempt_id)
+    return _check_live(tx.one("select_attempt", attempt_id=attempt_id), attempt_id)
+
+
+def _check_live(row: Row | None, attempt_id: str) -> Row:
     if row is None:
         raise NotFound(f"attempt {attempt_id} not found")
     if AttemptStatus(row["status"]) not in ACTIVE_ATTEMPT or row["current_attempt_id"] != attempt_id:
@@ -168,20 +175,41 @@ COMPLETE_STATUSES = frozenset({
 })
 
 
+def _complete(
+    tx: Tx, attempt_id: str, status: AttemptStatus, result: RolloutResult | None, error: str | None, now: float,
+) -> tuple[str, RolloutStatus]:
+    """Finish an attempt; returns its rollout's id and new status. A repeated completion changes nothing."""
+    if status not in COMPLETE_STATUSES:
+        raise InvalidInput(f"complete: status must be one of {sorted(s.value for s in COMPLETE_STATUSES)}")
+    row = tx.one("select_attempt", attempt_id=attempt_id)
+    if row is not None and AttemptStatus(row["status"]) == status:  # a retry of a completion already applied
+        return row["rollout_id"], RolloutStatus(row["rollout_status"])
+    row = _check_live(row, attempt_id)
+    return row["rollout_id"], _end_attempt(tx, row, status, now, result=result, error=error)
+
+
 def complete(
     tx: Tx, attempt_id: str, status: AttemptStatus, result: RolloutResult | None, error: str | None, now: float,
 ) -> Rollout:
     """Finish an attempt with its outcome; a repeat of the same completion returns the rollout again."""
-    if status not in COMPLETE_STATUSES:
-        raise InvalidInput(f"complete: status must be one of {sorted(s.value for s in COMPLETE_STATUSES)}")
-    row = tx.one("select_attempt", attempt_id=attempt_id)
-    if row is None:
-        raise NotFound(f"attempt {attempt_id} not found")
-    if AttemptStatus(row["status"]) == status:  # an idempotent retry of a completion already applied
-        return get_rollout(tx, row["rollout_id"])
-    row = _live_attempt(tx, attempt_id)
-    _end_attempt(tx, row, status, now, result=result, error=error)
-    return get_rollout(tx, row["rollout_id"])
+    rollout_id, _status = _complete(tx, attempt_id, status, result, error, now)
+    return get_rollout(tx, rollout_id)
+
+
+def complete_many(tx: Tx, items: Sequence[Completion], now: float) -> list[CompletionOutcome]:
+    """Finish many attempts in one transaction; each is fenced and answered on its own."""
+    outcomes = []
+    for item in items:
+        try:
+            with tx.savepoint():  # a refused completion undoes only its own writes
+                rollout_id, status = _complete(tx, item.attempt_id, item.status, item.result, item.error, now)
+        except RollfleetError as exc:
+            outcomes.append(CompletionOutcome(attempt_id=item.attempt_id, error_type=type(exc).__name__,
+                                              error=exc.message))
+        else:
+            outcomes.append(CompletionOutcome(attempt_id=item.attempt_id, rollout_id=rollout_id,
+                                              rollout_status=status))
+    return outcomes
 
 
 def release(tx: Tx, attempt_id: str, reason: str, now: float) -> Rollout:
@@ -256,11 +284,6 @@ def update_worker(tx: Tx, worker_id: str, status: WorkerStatus | None, now: floa
     return query_workers(tx, worker_id, None, 1).items[0]
 
 
-
-
-
-
-
 def add_resources(tx: Tx, values: dict[str, Any], resources_id: str | None, now: float) -> Resources:
     """Store a new version of the named resources."""
     rid = resources_id or new_id("res")
@@ -268,8 +291,6 @@ def add_resources(tx: Tx, values: dict[str, Any], resources_id: str | None, now:
     found = get_resources(tx, rid)
     assert found is not None
     return found
-
-
 
 
 def kv_put(tx: Tx, key: str, value: Any, now: float) -> None:

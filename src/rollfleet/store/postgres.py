@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import cache
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -63,6 +63,12 @@ class PostgresTx:
     def script(self, name: str) -> None:
         """Run a named block of several statements."""
         self._conn.execute(queries.load("postgresql")[name])
+
+    @contextlib.contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """A nested transaction: an exception inside undoes only what ran inside, then propagates."""
+        with self._conn.transaction():
+            yield
 
 
 class PostgresBackend:

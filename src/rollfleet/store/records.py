@@ -26,10 +26,9 @@ def _ids(ids: Sequence[str]) -> str:
     return dumps(list(ids))
 
 
-def rollout_from_row(row: Row) -> Rollout:
-    """Build a Rollout record from a joined rollouts/attempts row."""
-    attempt = None
-    if row.get("a_attempt_id"):
+def rollout_from_row(row: Row, attempt: Attempt | None = None) -> Rollout:
+    """Build a Rollout record from a joined rollouts/attempts row (or a rollouts row and its attempt)."""
+    if attempt is None and row.get("a_attempt_id"):
         attempt = Attempt(
             attempt_id=row["a_attempt_id"], rollout_id=row["rollout_id"], sequence=row["a_sequence"],
             worker_id=row["a_worker_id"], status=AttemptStatus(row["a_status"]),

@@ -17,7 +17,7 @@ from rollfleet.model import (
     Attempt, AttemptStatus, Completion, CompletionOutcome, HeartbeatReply, Page, ReapReport, Resources, Rollout, RolloutResult,
     RolloutSpec, RolloutStatus, Statistics, Step, StepIn, Worker, WorkerStatus, now as wall_now,
 )
-from rollfleet.errors import InvalidInput, NotFound, RollfleetError
+from rollfleet.errors import InvalidInput, NotFound
 from rollfleet.store import ops, reads, records
 
 log = logging.getLogger("rollfleet.store")
@@ -183,16 +183,13 @@ class SqlStore:
         return rollout
 
     async def complete_many(self, items: Sequence[Completion]) -> list[CompletionOutcome]:
-        """End many attempts at once (SQLite's group commit makes it one transaction); each answered alone."""
-
-        async def one(item: Completion) -> CompletionOutcome:
-            try:
-                rollout = await self.complete(item.attempt_id, item.status, item.result, item.error)
-            except RollfleetError as exc:
-                return CompletionOutcome(attempt_id=item.attempt_id, error_type=type(exc).__name__, error=exc.message)
-            return CompletionOutcome(attempt_id=item.attempt_id, rollout=rollout)
-
-        return list(await asyncio.gather(*(one(item) for item in items)))
+        """End many attempts in one transaction; each is fenced and answered on its own."""
+        if not items:
+            return []
+        outcomes = await self._write(ops.complete_many, list(items), self._clock())
+        statuses = {o.rollout_status for o in outcomes}
+        self.wake(queued=RolloutStatus.QUEUING in statuses, finished=any(s is not None and s.terminal for s in statuses))
+        return outcomes
 
     async def release(self, attempt_id: str, reason: str = "released") -> Rollout:
         """Give a rollout back to the queue without charging its retry budget."""

@@ -13,12 +13,13 @@ small pool of reader connections, which WAL lets proceed beside the writer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import queue
 import sqlite3
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -61,6 +62,18 @@ class SqliteTx:
     def script(self, name: str) -> None:
         """Run a named block of several statements."""
         self._conn.executescript(self._q[name])
+
+    @contextlib.contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """A nested transaction: an exception inside undoes only what ran inside, then propagates."""
+        self._conn.execute("SAVEPOINT nested")
+        try:
+            yield
+        except BaseException:
+            self._conn.execute("ROLLBACK TO nested")
+            raise
+        finally:
+            self._conn.execute("RELEASE nested")
 
 
 def _dict_row(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> Row:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 Row = dict[str, Any]
@@ -29,4 +30,8 @@ class Tx(Protocol):
 
     def script(self, name: str) -> None:
         """Run a named block of several statements (the schema)."""
+        ...
+
+    def savepoint(self) -> AbstractContextManager[None]:
+        """A nested transaction: an exception inside undoes only what ran inside, then propagates."""
         ...

@@ -138,13 +138,13 @@ SET status = 'preparing', num_attempts = r.num_attempts + 1, updated_at = :now,
 FROM (SELECT seq FROM rollouts WHERE status = 'queuing' ORDER BY priority DESC, seq
       LIMIT :max_n FOR UPDATE SKIP LOCKED) q
 WHERE r.seq = q.seq
-RETURNING r.rollout_id, r.current_attempt_id, r.num_attempts, r.heartbeat_s, r.timeout_s, r.priority, r.seq;
+RETURNING r.*;
 
 -- name: start_rollout
 UPDATE rollouts
 SET status = 'preparing', num_attempts = num_attempts + 1, updated_at = :now, current_attempt_id = :attempt_id
 WHERE rollout_id = :rollout_id AND status = 'queuing'
-RETURNING rollout_id, current_attempt_id, num_attempts, heartbeat_s, timeout_s, priority, seq;
+RETURNING *;
 
 -- name: insert_attempt
 INSERT INTO attempts (attempt_id, rollout_id, sequence, worker_id, status, started_at, lease_expires_at, deadline_at)

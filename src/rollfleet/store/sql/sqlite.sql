@@ -135,13 +135,13 @@ SET status = 'preparing', num_attempts = num_attempts + 1, updated_at = :now,
     current_attempt_id = 'at-' || lower(hex(randomblob(10)))
 WHERE seq IN (SELECT seq FROM rollouts INDEXED BY rollouts_queue WHERE status = 'queuing'
               ORDER BY priority DESC, seq LIMIT :max_n)
-RETURNING rollout_id, current_attempt_id, num_attempts, heartbeat_s, timeout_s, priority, seq;
+RETURNING *;
 
 -- name: start_rollout
 UPDATE rollouts
 SET status = 'preparing', num_attempts = num_attempts + 1, updated_at = :now, current_attempt_id = :attempt_id
 WHERE rollout_id = :rollout_id AND status = 'queuing'
-RETURNING rollout_id, current_attempt_id, num_attempts, heartbeat_s, timeout_s, priority, seq;
+RETURNING *;
 
 -- name: insert_attempt
 INSERT INTO attempts (attempt_id, rollout_id, sequence, worker_id, status, started_at, lease_expires_at, deadline_at)
