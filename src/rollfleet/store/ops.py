@@ -8,6 +8,7 @@ legal; the SQL repeats the guard (``WHERE status IN (…)``) so a racing writer 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rollfleet.errors import Conflict, InvalidInput, NotFound, RollfleetError
@@ -115,7 +116,7 @@ def heartbeat(tx: Tx, attempt_ids: Sequence[str], worker_id: str | None, now: fl
 
 
 def _live_attempt(tx: Tx, attempt_id: str) -> Row:
-    return _check_live(tx.one("select_attempt", attempt_id=attempt_id), attempt_id)
+    return _check_live(_attempt_rows(tx, [attempt_id]).get(attempt_id), attempt_id)
 
 
 def _check_live(row: Row | None, attempt_id: str) -> Row:
@@ -141,75 +142,145 @@ def add_steps(tx: Tx, attempt_id: str, steps: Sequence[StepIn], now: float) -> i
     return len(steps)
 
 
+@dataclass(frozen=True)
+class _End:
+    """A decided end of one live attempt, not yet written."""
+
+    row: Row
+    outcome: AttemptStatus
+    new: RolloutStatus
+    charges: int
+    result: RolloutResult | None = None
+    error: str | None = None
+
+
+def _decide_end(
+    row: Row, outcome: AttemptStatus, *, result: RolloutResult | None = None, error: str | None = None,
+    charged: bool = True,
+) -> _End:
+    """Check the transitions and apply the retry policy to one live attempt (nothing is written)."""
+    check_attempt_transition(row["attempt_id"], AttemptStatus(row["status"]), outcome)
+    charges = int(charged)
+    decision = retry_decision(outcome, row["attempts_charged"] + charges, row["max_attempts"])
+    new = RolloutStatus.QUEUING if decision is RetryDecision.REQUEUE else OUTCOME[outcome]
+    check_rollout_transition(row["rollout_id"], RolloutStatus(row["rollout_status"]), new)
+    return _End(row, outcome, new, charges, result, error)
+
+
+def _write_ends(tx: Tx, ends: Sequence[_End], now: float) -> None:
+    """Write decided ends set-wise; Conflict (undo the enclosing savepoint) if any row changed meanwhile."""
+    if not ends:
+        return
+    what = f"attempt {ends[0].row['attempt_id']}" if len(ends) == 1 else f"one of {len(ends)} attempts"
+    changed = tx.many("finish_attempt", [
+        {"attempt_id": e.row["attempt_id"], "status": e.outcome.value, "now": now, "error": e.error,
+         "charged": e.charges}
+        for e in ends
+    ])
+    if changed != len(ends):
+        raise Conflict(f"{what} was ended by someone else")
+    changed = tx.many("finish_rollout", [
+        {"rollout_id": e.row["rollout_id"], "attempt_id": e.row["attempt_id"], "status": e.new.value, "now": now,
+         "result": None if e.result is None else e.result.model_dump_json(),
+         "reward": None if e.result is None else e.result.reward, "error": e.error, "charged": e.charges,
+         "finished_at": None if e.new is RolloutStatus.QUEUING else now}
+        for e in ends
+    ])
+    if changed != len(ends):
+        raise Conflict(f"the rollout of {what} changed under it")
+    counts: dict[str, list[int]] = {}
+    for e in ends:
+        if e.row.get("worker_id") and e.new.terminal:
+            counts.setdefault(e.row["worker_id"], [0, 0])[e.new is not RolloutStatus.SUCCEEDED] += 1
+    tx.many("count_worker_outcome", [{"worker_id": w, "succeeded": ok, "failed": bad}
+                                     for w, (ok, bad) in counts.items()])
+    if any(e.new is RolloutStatus.QUEUING for e in ends):
+        tx.run("notify_queued")
+    if any(e.new.terminal for e in ends):
+        tx.run("notify_finished")
+
+
 def _end_attempt(
     tx: Tx, row: Row, outcome: AttemptStatus, now: float, *, result: RolloutResult | None = None,
     error: str | None = None, charged: bool = True,
 ) -> RolloutStatus:
     """End one live attempt and move its rollout by the retry policy; returns the rollout's new status."""
-    attempt_id, rollout_id = row["attempt_id"], row["rollout_id"]
-    check_attempt_transition(attempt_id, AttemptStatus(row["status"]), outcome)
-    charges = int(charged)
-    decision = retry_decision(outcome, row["attempts_charged"] + charges, row["max_attempts"])
-    new = RolloutStatus.QUEUING if decision is RetryDecision.REQUEUE else OUTCOME[outcome]
-    check_rollout_transition(rollout_id, RolloutStatus(row["rollout_status"]), new)
-    if not tx.run("finish_attempt", attempt_id=attempt_id, status=outcome.value, now=now, error=error,
-                  charged=charges):
-        raise Conflict(f"attempt {attempt_id} was ended by someone else")
-    changed = tx.run(
-        "finish_rollout", rollout_id=rollout_id, attempt_id=attempt_id, status=new.value, now=now,
-        result=None if result is None else result.model_dump_json(),
-        reward=None if result is None else result.reward, error=error, charged=charges,
-        finished_at=None if new is RolloutStatus.QUEUING else now,
-    )
-    if not changed:
-        raise Conflict(f"rollout {rollout_id} changed under attempt {attempt_id}")
-    if row.get("worker_id") and new.terminal:
-        ok = new is RolloutStatus.SUCCEEDED
-        tx.run("count_worker_outcome", worker_id=row["worker_id"], succeeded=int(ok), failed=int(not ok))
-    tx.run("notify_queued" if new is RolloutStatus.QUEUING else "notify_finished")
-    return new
+    end = _decide_end(row, outcome, result=result, error=error, charged=charged)
+    _write_ends(tx, [end], now)
+    return end.new
 
 
 COMPLETE_STATUSES = frozenset({
     AttemptStatus.SUCCEEDED, AttemptStatus.FAILED, AttemptStatus.TIMEOUT, AttemptStatus.CANCELLED,
 })
+Answer = tuple[str, RolloutStatus] | RollfleetError  # (rollout id, its new status) or why it was refused
 
 
-def _complete(
-    tx: Tx, attempt_id: str, status: AttemptStatus, result: RolloutResult | None, error: str | None, now: float,
-) -> tuple[str, RolloutStatus]:
-    """Finish an attempt; returns its rollout's id and new status. A repeated completion changes nothing."""
-    if status not in COMPLETE_STATUSES:
+def _attempt_rows(tx: Tx, attempt_ids: Sequence[str]) -> dict[str, Row]:
+    return {row["attempt_id"]: row for row in tx.all("select_attempts_by_ids", ids=_ids(attempt_ids))}
+
+
+def _decide_completion(row: Row | None, item: Completion, ends: list[_End]) -> tuple[str, RolloutStatus]:
+    if item.status not in COMPLETE_STATUSES:
         raise InvalidInput(f"complete: status must be one of {sorted(s.value for s in COMPLETE_STATUSES)}")
-    row = tx.one("select_attempt", attempt_id=attempt_id)
-    if row is not None and AttemptStatus(row["status"]) == status:  # a retry of a completion already applied
+    if row is not None and AttemptStatus(row["status"]) == item.status:  # a retry of a completion already applied
         return row["rollout_id"], RolloutStatus(row["rollout_status"])
-    row = _check_live(row, attempt_id)
-    return row["rollout_id"], _end_attempt(tx, row, status, now, result=result, error=error)
+    end = _decide_end(_check_live(row, item.attempt_id), item.status, result=item.result, error=item.error)
+    ends.append(end)
+    return end.row["rollout_id"], end.new
+
+
+def _complete_all(tx: Tx, items: Sequence[Completion], now: float) -> list[Answer]:
+    """Decide every completion from one read, then write those that stand in a few set-wise statements.
+
+    Raises Conflict when an attempt repeats in ``items`` or another writer changed a row meanwhile.
+    """
+    ids = [item.attempt_id for item in items]
+    if len(set(ids)) != len(ids):
+        raise Conflict("the same attempt appears twice in one batch of completions")
+    rows = _attempt_rows(tx, ids)
+    answers: list[Answer] = []
+    ends: list[_End] = []
+    for item in items:
+        try:
+            answers.append(_decide_completion(rows.get(item.attempt_id), item, ends))
+        except RollfleetError as exc:
+            answers.append(exc)
+    _write_ends(tx, ends, now)
+    return answers
+
+
+def _complete_alone(tx: Tx, item: Completion, now: float) -> Answer:
+    try:
+        with tx.savepoint():
+            return _complete_all(tx, [item], now)[0]
+    except RollfleetError as exc:
+        return exc
 
 
 def complete(
     tx: Tx, attempt_id: str, status: AttemptStatus, result: RolloutResult | None, error: str | None, now: float,
 ) -> Rollout:
     """Finish an attempt with its outcome; a repeat of the same completion returns the rollout again."""
-    rollout_id, _status = _complete(tx, attempt_id, status, result, error, now)
-    return get_rollout(tx, rollout_id)
+    answer = _complete_all(tx, [Completion(attempt_id=attempt_id, status=status, result=result, error=error)], now)[0]
+    if isinstance(answer, RollfleetError):
+        raise answer
+    return get_rollout(tx, answer[0])
 
 
 def complete_many(tx: Tx, items: Sequence[Completion], now: float) -> list[CompletionOutcome]:
     """Finish many attempts in one transaction; each is fenced and answered on its own."""
-    outcomes = []
-    for item in items:
-        try:
-            with tx.savepoint():  # a refused completion undoes only its own writes
-                rollout_id, status = _complete(tx, item.attempt_id, item.status, item.result, item.error, now)
-        except RollfleetError as exc:
-            outcomes.append(CompletionOutcome(attempt_id=item.attempt_id, error_type=type(exc).__name__,
-                                              error=exc.message))
-        else:
-            outcomes.append(CompletionOutcome(attempt_id=item.attempt_id, rollout_id=rollout_id,
-                                              rollout_status=status))
-    return outcomes
+    try:
+        with tx.savepoint():
+            answers = _complete_all(tx, items, now)
+    except Conflict:  # a repeated attempt, or a racing writer: settle each completion alone
+        answers = [_complete_alone(tx, item, now) for item in items]
+    return [
+        CompletionOutcome(attempt_id=item.attempt_id, error_type=type(a).__name__, error=a.message)
+        if isinstance(a, RollfleetError)
+        else CompletionOutcome(attempt_id=item.attempt_id, rollout_id=a[0], rollout_status=a[1])
+        for item, a in zip(items, answers, strict=True)
+    ]
 
 
 def release(tx: Tx, attempt_id: str, reason: str, now: float) -> Rollout:
@@ -258,13 +329,17 @@ def requeue(
 def reap(tx: Tx, now: float) -> ReapReport:
     """Expire lapsed leases and deadlines: LOST/TIMEOUT, then requeue or fail by the retry budget."""
     report: dict[str, list[str]] = {"lost": [], "timed_out": [], "requeued": [], "failed": []}
-    for expired in tx.all("expired_attempts", now=now, grace=TIMEOUT_GRACE_S):
-        outcome = AttemptStatus(expired["outcome"])
-        row = _live_attempt(tx, expired["attempt_id"])
+    expired = tx.all("expired_attempts", now=now, grace=TIMEOUT_GRACE_S)
+    rows = _attempt_rows(tx, [e["attempt_id"] for e in expired]) if expired else {}
+    ends = []
+    for e in expired:
+        outcome = AttemptStatus(e["outcome"])
         reason = "lease expired: no heartbeat" if outcome is AttemptStatus.LOST else "timeout_s exceeded"
-        new = _end_attempt(tx, row, outcome, now, error=reason)
-        report["lost" if outcome is AttemptStatus.LOST else "timed_out"].append(expired["attempt_id"])
-        report["requeued" if new is RolloutStatus.QUEUING else "failed"].append(expired["rollout_id"])
+        end = _decide_end(_check_live(rows.get(e["attempt_id"]), e["attempt_id"]), outcome, error=reason)
+        ends.append(end)
+        report["lost" if outcome is AttemptStatus.LOST else "timed_out"].append(e["attempt_id"])
+        report["requeued" if end.new is RolloutStatus.QUEUING else "failed"].append(e["rollout_id"])
+    _write_ends(tx, ends, now)
     offline = [r["worker_id"] for r in tx.all("stale_workers", now=now)]
     return ReapReport(workers_offline=offline, **report)
 

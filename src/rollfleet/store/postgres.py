@@ -54,11 +54,13 @@ class PostgresTx:
         """Run a named statement and return the number of rows it changed."""
         return int(self._conn.execute(self._q[name], params).rowcount)
 
-    def many(self, name: str, rows: Sequence[dict[str, Any]]) -> None:
-        """Run a named statement once per parameter set."""
-        if rows:
-            with self._conn.cursor() as cur:
-                cur.executemany(self._q[name], rows)
+    def many(self, name: str, rows: Sequence[dict[str, Any]]) -> int:
+        """Run a named statement once per parameter set; return the total number of rows changed."""
+        if not rows:
+            return 0
+        with self._conn.cursor() as cur:
+            cur.executemany(self._q[name], rows)
+            return int(cur.rowcount)
 
     def script(self, name: str) -> None:
         """Run a named block of several statements."""

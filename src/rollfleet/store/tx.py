@@ -24,8 +24,8 @@ class Tx(Protocol):
         """Run a named statement and return the number of rows it changed."""
         ...
 
-    def many(self, name: str, rows: Sequence[dict[str, Any]]) -> None:
-        """Run a named statement once per parameter set."""
+    def many(self, name: str, rows: Sequence[dict[str, Any]]) -> int:
+        """Run a named statement once per parameter set; return the total number of rows changed."""
         ...
 
     def script(self, name: str) -> None:

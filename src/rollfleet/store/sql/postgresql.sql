@@ -51,7 +51,9 @@ CREATE TABLE IF NOT EXISTS attempts (
 -- The database itself refuses two live attempts on one rollout.
 CREATE UNIQUE INDEX IF NOT EXISTS attempts_one_live ON attempts (rollout_id) WHERE status IN ('preparing','running');
 CREATE INDEX IF NOT EXISTS attempts_lease ON attempts (lease_expires_at) WHERE status IN ('preparing','running');
-CREATE INDEX IF NOT EXISTS attempts_deadline ON attempts (deadline_at) WHERE status IN ('preparing','running');
+DROP INDEX IF EXISTS attempts_deadline;  -- replaced by attempts_deadline_set (rollouts without timeout_s stay out)
+CREATE INDEX IF NOT EXISTS attempts_deadline_set ON attempts (deadline_at)
+    WHERE status IN ('preparing','running') AND deadline_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS attempts_worker ON attempts (worker_id, status);
 CREATE INDEX IF NOT EXISTS attempts_pos ON attempts (pos);
 CREATE TABLE IF NOT EXISTS workers (
@@ -150,11 +152,12 @@ RETURNING *;
 INSERT INTO attempts (attempt_id, rollout_id, sequence, worker_id, status, started_at, lease_expires_at, deadline_at)
 VALUES (:attempt_id, :rollout_id, :sequence, :worker_id, 'preparing', :now, :lease_expires_at, :deadline_at);
 
--- name: select_attempt
+-- name: select_attempts_by_ids
 SELECT a.*, r.status AS rollout_status, r.current_attempt_id, r.max_attempts, r.attempts_charged,
        r.heartbeat_s
 FROM attempts a JOIN rollouts r ON r.rollout_id = a.rollout_id
-WHERE a.attempt_id = :attempt_id
+WHERE a.attempt_id IN (SELECT json_array_elements_text(:ids::json))
+ORDER BY a.attempt_id
 FOR UPDATE OF a, r;
 
 -- name: heartbeat_attempts
@@ -186,13 +189,16 @@ WHERE rollout_id = :rollout_id AND status IN ('queuing', 'preparing', 'running')
   AND (:attempt_id::text IS NULL OR current_attempt_id = :attempt_id::text);
 
 -- name: expired_attempts
-SELECT a.attempt_id, a.rollout_id, a.worker_id, r.max_attempts, r.attempts_charged,
-       CASE WHEN a.deadline_at IS NOT NULL AND a.deadline_at + :grace < :now THEN 'timeout' ELSE 'lost' END AS outcome
-FROM attempts a JOIN rollouts r ON r.rollout_id = a.rollout_id
-WHERE a.status IN ('preparing', 'running')
-  AND (a.lease_expires_at < :now OR (a.deadline_at IS NOT NULL AND a.deadline_at + :grace < :now))
+-- Two index range scans (lapsed leases, passed deadlines), never a scan of every live attempt.
+SELECT attempt_id, rollout_id,
+       CASE WHEN deadline_at + :grace < :now THEN 'timeout' ELSE 'lost' END AS outcome
+FROM attempts
+WHERE attempt_id IN (
+    SELECT attempt_id FROM attempts WHERE status IN ('preparing', 'running') AND lease_expires_at < :now
+    UNION
+    SELECT attempt_id FROM attempts WHERE status IN ('preparing', 'running') AND deadline_at < :now - :grace)
 LIMIT 1000
-FOR UPDATE OF a SKIP LOCKED;
+FOR UPDATE SKIP LOCKED;
 
 -- name: active_attempts_of
 SELECT a.attempt_id, a.rollout_id, a.worker_id, r.max_attempts, r.attempts_charged
