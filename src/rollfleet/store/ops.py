@@ -31,14 +31,16 @@ def migrate(tx: Tx) -> None:
 
 # --- enqueue and claim -------------------------------------------------------------------------
 
-def _insert(tx: Tx, spec: RolloutSpec, rollout_id: str, status: RolloutStatus, now: float) -> None:
-    tx.run(
-        "insert_rollout", rollout_id=rollout_id, input=dumps(spec.input), mode=spec.mode,
-        status=status.value, priority=spec.priority, batch_id=spec.batch_id, group_id=spec.group_id,
-        config=spec.config.model_dump_json(), timeout_s=spec.config.timeout_s,
-        heartbeat_s=spec.config.heartbeat_s, max_attempts=spec.config.max_attempts,
-        metadata=dumps(spec.metadata), now=now,
-    )
+def _insert(tx: Tx, specs: Sequence[RolloutSpec], rollout_ids: Sequence[str], status: RolloutStatus,
+            now: float) -> None:
+    tx.many("insert_rollout", [
+        {"rollout_id": rollout_id, "input": dumps(spec.input), "mode": spec.mode, "status": status.value,
+         "priority": spec.priority, "batch_id": spec.batch_id, "group_id": spec.group_id,
+         "config": spec.config.model_dump_json(), "timeout_s": spec.config.timeout_s,
+         "heartbeat_s": spec.config.heartbeat_s, "max_attempts": spec.config.max_attempts,
+         "metadata": dumps(spec.metadata), "now": now}
+        for spec, rollout_id in zip(specs, rollout_ids, strict=True)
+    ])
 
 
 def enqueue_many(tx: Tx, specs: Sequence[RolloutSpec], now: float) -> list[Rollout]:
@@ -46,8 +48,7 @@ def enqueue_many(tx: Tx, specs: Sequence[RolloutSpec], now: float) -> list[Rollo
     ids = [spec.rollout_id or new_id("ro") for spec in specs]
     if len(set(ids)) != len(ids):
         raise InvalidInput("enqueue: the same rollout_id appears twice in one request")
-    for spec, rollout_id in zip(specs, ids, strict=True):
-        _insert(tx, spec, rollout_id, RolloutStatus.QUEUING, now)
+    _insert(tx, specs, ids, RolloutStatus.QUEUING, now)
     tx.run("notify_queued")
     return get_rollouts(tx, ids)
 
@@ -67,10 +68,10 @@ def _open_attempts(tx: Tx, claimed: list[Row], worker_id: str | None, now: float
         for row in claimed
     ]
     tx.many("insert_attempt", attempts)
-    if worker_id is not None and claimed:
-        tx.run("touch_worker", worker_id=worker_id, status=WorkerStatus.BUSY.value, now=now)
+    if worker_id is not None:  # the worker's heartbeat, and BUSY once it holds work
+        tx.run("touch_worker", worker_id=worker_id, status=WorkerStatus.BUSY.value if claimed else None, now=now)
     return [
-        rollout_from_row(row, Attempt(
+        rollout_from_row(row, Attempt.model_construct(
             attempt_id=a["attempt_id"], rollout_id=a["rollout_id"], sequence=a["sequence"], worker_id=worker_id,
             status=AttemptStatus.PREPARING, started_at=now, lease_expires_at=a["lease_expires_at"],
         ))
@@ -82,14 +83,13 @@ def claim(tx: Tx, worker_id: str, max_n: int, now: float) -> list[Rollout]:
     """Lease up to ``max_n`` queued rollouts to a worker: highest priority first, then FIFO."""
     reap(tx, now)
     claimed = sorted(tx.all("claim_rollouts", max_n=max_n, now=now), key=lambda r: (-r["priority"], r["seq"]))
-    tx.run("touch_worker", worker_id=worker_id, status=None, now=now)
     return _open_attempts(tx, claimed, worker_id, now)
 
 
 def start_rollout(tx: Tx, spec: RolloutSpec, worker_id: str | None, now: float) -> Rollout:
     """Create a rollout already PREPARING and leased to the caller (released if the caller dies)."""
     rollout_id = spec.rollout_id or new_id("ro")
-    _insert(tx, spec, rollout_id, RolloutStatus.QUEUING, now)
+    _insert(tx, [spec], [rollout_id], RolloutStatus.QUEUING, now)
     claimed = tx.all("start_rollout", rollout_id=rollout_id, attempt_id=new_id("at"), now=now)
     if not claimed:
         raise Conflict(f"rollout {rollout_id} exists already and is not queuing")
