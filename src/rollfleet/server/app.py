@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
-from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rollfleet.errors import RollfleetError, Unauthorized
 from rollfleet.model import AttemptStatus, RolloutStatus
@@ -66,8 +66,8 @@ Handler = Callable[[Any, Request], Awaitable[Response]]
 def runner_calls(store: Store) -> dict[str, tuple[type[BaseModel], Handler]]:
     """The calls a runner makes for every batch of rollouts, by path: their body model and handler.
 
-    They are served twice over: by plain Starlette routes placed ahead of FastAPI's router (see
-    ``_lean_route``), and by ordinary FastAPI routes that only document them in the OpenAPI schema.
+    They are served twice over: by :class:`LeanRoutes`, ahead of FastAPI, and by ordinary FastAPI
+    routes that only document them in the OpenAPI schema.
     """
 
     async def claim(body: s.ClaimRequest, request: Request) -> Response:
@@ -80,15 +80,36 @@ def runner_calls(store: Store) -> dict[str, tuple[type[BaseModel], Handler]]:
     return {"/claims": (s.ClaimRequest, claim), "/attempts/complete": (s.CompleteMany, complete_many)}
 
 
-def _lean_route(path: str, model: type[BaseModel], handler: Handler, check: Callable[[Request], Awaitable[None]]) -> Route:
-    """A POST route without FastAPI's per-request machinery (dependency solving, a linear match over
-    every route): about 240 µs less per request, measured on the 2-core CI machine."""
+class LeanRoutes:
+    """ASGI middleware that serves the runner's per-batch calls ahead of FastAPI's whole stack.
 
-    async def endpoint(request: Request) -> Response:
-        await check(request)
-        return await handler(model.model_validate_json(await request.body()), request)
+    FastAPI's per-request machinery (its middlewares, dependency solving, a linear match over
+    every route) costs several hundred µs a request on the 2-core CI machine: as much as the
+    store's own work for a batch. Auth, body validation and the error shapes stay the same.
+    """
 
-    return Route(path, endpoint, methods=["POST"], include_in_schema=False)
+    def __init__(self, app: ASGIApp, routes: dict[str, tuple[type[BaseModel], Handler]],
+                 check: Callable[[Request], Awaitable[None]]) -> None:
+        self.app = app
+        self.routes = routes
+        self.check = check
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve a lean route, or pass the request on to FastAPI."""
+        entry = self.routes.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if entry is None:
+            await self.app(scope, receive, send)
+            return
+        model, handler = entry
+        request = Request(scope, receive)
+        try:
+            await self.check(request)
+            response = await handler(model.model_validate_json(await request.body()), request)
+        except RollfleetError as exc:
+            response = error_body(type(exc).__name__, exc.message, exc.status_code)
+        except ValidationError as exc:
+            response = error_body("InvalidInput", _describe(exc.errors()), 422)
+        await response(scope, receive, send)
 
 
 def store_router(store: Store) -> APIRouter:
@@ -267,17 +288,13 @@ def create_app(
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         return error_body("InvalidInput", _describe(exc.errors()), 422)
 
-    @app.exception_handler(ValidationError)
-    async def body_error(_: Request, exc: ValidationError) -> JSONResponse:  # from the lean routes
-        return error_body("InvalidInput", _describe(exc.errors()), 422)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
     app.include_router(store_router(store), dependencies=auth)
-    for path, (model, handler) in runner_calls(store).items():  # matched before FastAPI's routes
-        app.router.routes.insert(0, _lean_route(path, model, handler, check))
+    app.add_middleware(LeanRoutes, routes=runner_calls(store), check=check)
     for prefix, router in routers:
         app.include_router(router, prefix=prefix, dependencies=auth)
     return app

@@ -13,7 +13,7 @@ from typing import Any
 
 from rollfleet.errors import Conflict, InvalidInput, NotFound, RollfleetError
 from rollfleet.model import (
-    ACTIVE_ATTEMPT, OUTCOME, Attempt, AttemptStatus, Completion, CompletionOutcome, HeartbeatReply, ReapReport, Resources, RetryDecision,
+    ACTIVE_ATTEMPT, OUTCOME, AttemptStatus, Completion, CompletionOutcome, HeartbeatReply, ReapReport, Resources, RetryDecision,
     Rollout, RolloutResult, RolloutSpec, RolloutStatus, StepIn, Worker, WorkerStatus,
     check_attempt_transition, check_rollout_transition, new_id, retry_decision,
 )
@@ -71,10 +71,11 @@ def _open_attempts(tx: Tx, claimed: list[Row], worker_id: str | None, now: float
     if worker_id is not None:  # the worker's heartbeat, and BUSY once it holds work
         tx.run("touch_worker", worker_id=worker_id, status=WorkerStatus.BUSY.value if claimed else None, now=now)
     return [
-        rollout_from_row(row, Attempt.model_construct(
-            attempt_id=a["attempt_id"], rollout_id=a["rollout_id"], sequence=a["sequence"], worker_id=worker_id,
-            status=AttemptStatus.PREPARING, started_at=now, lease_expires_at=a["lease_expires_at"],
-        ))
+        rollout_from_row(row, {
+            "attempt_id": a["attempt_id"], "rollout_id": a["rollout_id"], "sequence": a["sequence"],
+            "worker_id": worker_id, "status": AttemptStatus.PREPARING, "started_at": now,
+            "lease_expires_at": a["lease_expires_at"],
+        })
         for row, a in zip(claimed, attempts, strict=True)
     ]
 

@@ -100,11 +100,12 @@ class PostgresBackend:
             raise StoreUnavailable(f"cannot reach PostgreSQL at {url}: {exc}") from exc
         self._listener: asyncio.Task[None] | None = None
 
-    async def write(self, fn: Callable[..., T], *args: Any, durable: bool = True) -> T:
+    async def write(self, fn: Callable[..., T], *args: Any, durable: bool = True, bulk: bool = False) -> T:
         """Run ``fn(tx, *args)`` in its own transaction, retrying serialization failures.
 
         A write that is not durable (claims, heartbeats, reaper passes) commits with
         ``synchronous_commit = off``: never corrupt, at worst forgotten by a server crash.
+        ``bulk`` changes nothing here: every PostgreSQL write runs on a thread.
         """
         return await asyncio.to_thread(self._run, fn, args, durable)
 

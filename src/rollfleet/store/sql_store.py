@@ -22,6 +22,7 @@ from rollfleet.store import ops, reads, records
 
 log = logging.getLogger("rollfleet.store")
 T = TypeVar("T")
+BULK = 1000  # a write of more items than this runs off the event loop (see SqliteBackend)
 FALLBACK_POLL_S = 1.0  # only matters when another process writes the same database without notifying
 
 
@@ -30,8 +31,9 @@ class Backend(Protocol):
 
     dialect: str
 
-    async def write(self, fn: Callable[..., T], *args: Any, durable: bool = True) -> T:
-        """Run an operation in a write transaction (``durable``: on disk before it returns)."""
+    async def write(self, fn: Callable[..., T], *args: Any, durable: bool = True, bulk: bool = False) -> T:
+        """Run an operation in a write transaction (``durable``: on disk before it returns; ``bulk``: a
+        long one, kept off the event loop)."""
         ...
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
@@ -109,8 +111,8 @@ class SqlStore:
             return True
         return False
 
-    async def _write(self, fn: Callable[..., T], *args: Any, durable: bool = True) -> T:
-        result = await self.backend.write(fn, *args, durable=durable)
+    async def _write(self, fn: Callable[..., T], *args: Any, durable: bool = True, bulk: bool = False) -> T:
+        result = await self.backend.write(fn, *args, durable=durable, bulk=bulk)
         self._changed.notify()
         return result
 
@@ -124,7 +126,7 @@ class SqlStore:
         """Queue many rollouts in one transaction: all or nothing."""
         if not specs:
             return []
-        rollouts = await self._write(ops.enqueue_many, list(specs), self._clock())
+        rollouts = await self._write(ops.enqueue_many, list(specs), self._clock(), bulk=len(specs) > BULK)
         self._queued.notify()
         return rollouts
 
@@ -172,7 +174,7 @@ class SqlStore:
 
     async def add_steps(self, attempt_id: str, steps: Sequence[StepIn]) -> int:
         """Append trajectory steps; refused unless the attempt still owns the rollout."""
-        return await self._write(ops.add_steps, attempt_id, list(steps), self._clock())
+        return await self._write(ops.add_steps, attempt_id, list(steps), self._clock(), bulk=len(steps) > BULK)
 
     async def complete(self, attempt_id: str, status: AttemptStatus, result: RolloutResult | None = None,
                        error: str | None = None) -> Rollout:
@@ -207,7 +209,7 @@ class SqlStore:
                       rollout_ids: Sequence[str] | None = None, older_than_s: float = 0.0) -> list[str]:
         """Operator reset: put stuck PREPARING/RUNNING rollouts back in the queue."""
         ids = await self._write(ops.requeue, _statuses(statuses) or [], rollout_ids, older_than_s,
-                                       self._clock())
+                                self._clock(), bulk=True)
         if ids:
             log.info("requeued %d rollouts by operator request", len(ids))
             self._queued.notify()
