@@ -313,3 +313,15 @@ async def test_complete_many_answers_each_item(case) -> None:  # type: ignore[no
     assert outcomes[3].error_type == "NotFound"
     again = await s.complete_many(items[:1])  # a retried batch is answered the same, and changes nothing
     assert again[0].rollout_status is RolloutStatus.SUCCEEDED and again[0].error is None
+
+
+async def test_claim_documents_are_rollouts_in_wire_form(case) -> None:  # type: ignore[no-untyped-def]
+    from rollfleet.model import Rollout
+
+    s = case.store
+    await s.enqueue_many([RolloutSpec(input={"n": i}, rollout_id=f"doc-{i}", priority=i) for i in range(3)])
+    docs = await s.claim_documents("w-docs", max_n=2)
+    leased = [Rollout.model_validate(d) for d in docs]
+    assert [r.rollout_id for r in leased] == ["doc-2", "doc-1"]  # highest priority first
+    assert all(r.status is RolloutStatus.PREPARING and r.attempt.worker_id == "w-docs" for r in leased)
+    assert leased[0] == await s.get_rollout("doc-2")  # the document is exactly the stored record

@@ -127,8 +127,16 @@ class HttpStore:
         Cancelling this call closes its connection; the server then leases nothing to it
         (``abandoned`` is for in-process stores and is not sent).
         """
+        return _decode(list[Rollout], await self._claim(worker_id, wait_s, max_n))
+
+    async def claim_documents(self, worker_id: str, wait_s: float = 0.0, max_n: int = 1,
+                              abandoned: Callable[[], Awaitable[bool]] | None = None) -> list[dict[str, Any]]:
+        """``claim``, answered as plain JSON values."""
+        return list(orjson.loads(await self._claim(worker_id, wait_s, max_n)))
+
+    async def _claim(self, worker_id: str, wait_s: float, max_n: int) -> bytes:
         body = {"worker_id": worker_id, "wait_s": wait_s, "max_n": max_n}
-        return _decode(list[Rollout], await self._call("POST", "/claims", body, timeout=wait_s + self._timeout))
+        return await self._call("POST", "/claims", body, timeout=wait_s + self._timeout)
 
     async def heartbeat(self, attempt_id: str) -> HeartbeatReply:
         """Extend an attempt's lease; the reply says whether to keep going."""

@@ -40,6 +40,11 @@ class Store(Protocol):
         """
         ...
 
+    async def claim_documents(self, worker_id: str, wait_s: float = 0.0, max_n: int = 1,
+                              abandoned: Callable[[], Awaitable[bool]] | None = None) -> list[dict[str, Any]]:
+        """``claim``, answered as plain JSON values (the wire form of Rollout, not yet validated records)."""
+        ...
+
     async def heartbeat(self, attempt_id: str) -> HeartbeatReply:
         """Extend an attempt's lease; the reply says whether to keep going (cancelled, lost…)."""
         ...

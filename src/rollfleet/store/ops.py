@@ -18,7 +18,7 @@ from rollfleet.model import (
     check_attempt_transition, check_rollout_transition, new_id, retry_decision,
 )
 from rollfleet.store.reads import get_resources, query_workers
-from rollfleet.store.records import _ids, dumps, get_rollout, get_rollouts, rollout_from_row
+from rollfleet.store.records import _ids, dumps, get_rollout, get_rollouts, rollout_doc
 from rollfleet.store.tx import Row, Tx
 
 TIMEOUT_GRACE_S = 2.0  # the runner enforces timeout_s itself; the reaper is the backstop
@@ -53,8 +53,8 @@ def enqueue_many(tx: Tx, specs: Sequence[RolloutSpec], now: float) -> list[Rollo
     return get_rollouts(tx, ids)
 
 
-def _open_attempts(tx: Tx, claimed: list[Row], worker_id: str | None, now: float) -> list[Rollout]:
-    """Insert a PREPARING attempt for each just-leased rollout row; return the leased rollouts.
+def _open_attempts(tx: Tx, claimed: list[Row], worker_id: str | None, now: float) -> list[dict[str, Any]]:
+    """Insert a PREPARING attempt for each just-leased rollout row; return the leased rollouts as documents.
 
     The rows come from the claiming UPDATE's RETURNING, so the answer is built without reading back.
     """
@@ -71,17 +71,17 @@ def _open_attempts(tx: Tx, claimed: list[Row], worker_id: str | None, now: float
     if worker_id is not None:  # the worker's heartbeat, and BUSY once it holds work
         tx.run("touch_worker", worker_id=worker_id, status=WorkerStatus.BUSY.value if claimed else None, now=now)
     return [
-        rollout_from_row(row, {
+        rollout_doc(row, {
             "attempt_id": a["attempt_id"], "rollout_id": a["rollout_id"], "sequence": a["sequence"],
-            "worker_id": worker_id, "status": AttemptStatus.PREPARING, "started_at": now,
-            "lease_expires_at": a["lease_expires_at"],
+            "worker_id": worker_id, "status": AttemptStatus.PREPARING.value, "started_at": now,
+            "lease_expires_at": a["lease_expires_at"], "last_heartbeat_at": None, "finished_at": None, "error": None,
         })
         for row, a in zip(claimed, attempts, strict=True)
     ]
 
 
-def claim(tx: Tx, worker_id: str, max_n: int, now: float) -> list[Rollout]:
-    """Lease up to ``max_n`` queued rollouts to a worker: highest priority first, then FIFO."""
+def claim(tx: Tx, worker_id: str, max_n: int, now: float) -> list[dict[str, Any]]:
+    """Lease up to ``max_n`` queued rollouts to a worker, highest priority first, then FIFO; as documents."""
     reap(tx, now)
     claimed = sorted(tx.all("claim_rollouts", max_n=max_n, now=now), key=lambda r: (-r["priority"], r["seq"]))
     return _open_attempts(tx, claimed, worker_id, now)
@@ -94,7 +94,7 @@ def start_rollout(tx: Tx, spec: RolloutSpec, worker_id: str | None, now: float) 
     claimed = tx.all("start_rollout", rollout_id=rollout_id, attempt_id=new_id("at"), now=now)
     if not claimed:
         raise Conflict(f"rollout {rollout_id} exists already and is not queuing")
-    return _open_attempts(tx, claimed, worker_id, now)[0]
+    return Rollout.model_validate(_open_attempts(tx, claimed, worker_id, now)[0])
 
 
 # --- attempts: heartbeat, steps, completion --------------------------------------------------

@@ -26,12 +26,9 @@ def _ids(ids: Sequence[str]) -> str:
     return dumps(list(ids))
 
 
-def rollout_from_row(row: Row, attempt: dict[str, Any] | None = None) -> Rollout:
-    """Build a Rollout record from a joined rollouts/attempts row (or a rollouts row and its attempt's fields).
-
-    Plain values go in and pydantic's Rust validator builds the nested records in one pass: measured
-    faster than building them in Python, and 2.5× faster than ``model_construct``.
-    """
+def rollout_doc(row: Row, attempt: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A rollout as plain JSON values, from a joined rollouts/attempts row (or a rollouts row and its
+    attempt's fields): the wire form of a Rollout, and what the record is validated from."""
     if attempt is None and row.get("a_attempt_id"):
         attempt = {
             "attempt_id": row["a_attempt_id"], "rollout_id": row["rollout_id"], "sequence": row["a_sequence"],
@@ -39,14 +36,23 @@ def rollout_from_row(row: Row, attempt: dict[str, Any] | None = None) -> Rollout
             "lease_expires_at": row["a_lease_expires_at"], "last_heartbeat_at": row["a_last_heartbeat_at"],
             "finished_at": row["a_finished_at"], "error": row["a_error"],
         }
-    return Rollout.model_validate({
+    return {
         "rollout_id": row["rollout_id"], "input": loads(row["input"]), "mode": row["mode"], "status": row["status"],
         "priority": row["priority"], "batch_id": row["batch_id"], "group_id": row["group_id"],
         "config": loads(row["config"]), "metadata": loads(row["metadata"]), "result": loads(row["result"]),
         "error": row["error"], "num_attempts": row["num_attempts"], "attempts_charged": row["attempts_charged"],
         "attempt": attempt, "created_at": row["created_at"], "updated_at": row["updated_at"],
         "finished_at": row["finished_at"],
-    })
+    }
+
+
+def rollout_from_row(row: Row, attempt: dict[str, Any] | None = None) -> Rollout:
+    """Build a Rollout record from a row (see :func:`rollout_doc`).
+
+    pydantic's Rust validator builds the nested records in one pass: measured faster than building
+    them in Python, and 2.5× faster than ``model_construct``.
+    """
+    return Rollout.model_validate(rollout_doc(row, attempt))
 
 
 def attempt_from_row(row: Row) -> Attempt:

@@ -143,6 +143,11 @@ class SqlStore:
         ``abandoned`` is asked after every wait: when the caller has gone (an HTTP client that
         disconnected), nothing is leased to it.
         """
+        return [Rollout.model_validate(doc) for doc in await self.claim_documents(worker_id, wait_s, max_n, abandoned)]
+
+    async def claim_documents(self, worker_id: str, wait_s: float = 0.0, max_n: int = 1,
+                              abandoned: Callable[[], Awaitable[bool]] | None = None) -> list[dict[str, Any]]:
+        """``claim``, answered as plain JSON values: what the HTTP server sends on without building records."""
         if max_n < 1:
             raise InvalidInput("claim: max_n must be at least 1")
         deadline = time.monotonic() + max(0.0, wait_s)
