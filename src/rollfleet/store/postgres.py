@@ -100,14 +100,19 @@ class PostgresBackend:
             raise StoreUnavailable(f"cannot reach PostgreSQL at {url}: {exc}") from exc
         self._listener: asyncio.Task[None] | None = None
 
-    async def write(self, fn: Callable[..., T], *args: Any, durable: bool = True, bulk: bool = False) -> T:
+    async def write(self, fn: Callable[..., T], *args: Any, durable: bool = True, bulk: bool = False,
+                    committed: Callable[[], None] | None = None) -> T:
         """Run ``fn(tx, *args)`` in its own transaction, retrying serialization failures.
 
         A write that is not durable (claims, heartbeats, reaper passes) commits with
         ``synchronous_commit = off``: never corrupt, at worst forgotten by a server crash.
-        ``bulk`` changes nothing here: every PostgreSQL write runs on a thread.
+        ``bulk`` changes nothing here: every PostgreSQL write runs on a thread; ``committed`` is
+        called once the transaction has committed.
         """
-        return await asyncio.to_thread(self._run, fn, args, durable)
+        result = await asyncio.to_thread(self._run, fn, args, durable)
+        if committed is not None:
+            committed()
+        return result
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(tx, *args)`` in its own transaction."""

@@ -31,9 +31,10 @@ class Backend(Protocol):
 
     dialect: str
 
-    async def write(self, fn: Callable[..., T], *args: Any, durable: bool = True, bulk: bool = False) -> T:
+    async def write(self, fn: Callable[..., T], *args: Any, durable: bool = True, bulk: bool = False,
+                    committed: Callable[[], None] | None = None) -> T:
         """Run an operation in a write transaction (``durable``: on disk before it returns; ``bulk``: a
-        long one, kept off the event loop)."""
+        long one, kept off the event loop; ``committed``: called once it is visible to other writers)."""
         ...
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
@@ -111,8 +112,9 @@ class SqlStore:
             return True
         return False
 
-    async def _write(self, fn: Callable[..., T], *args: Any, durable: bool = True, bulk: bool = False) -> T:
-        result = await self.backend.write(fn, *args, durable=durable, bulk=bulk)
+    async def _write(self, fn: Callable[..., T], *args: Any, durable: bool = True, bulk: bool = False,
+                     committed: Callable[[], None] | None = None) -> T:
+        result = await self.backend.write(fn, *args, durable=durable, bulk=bulk, committed=committed)
         self._changed.notify()
         return result
 
@@ -126,9 +128,9 @@ class SqlStore:
         """Queue many rollouts in one transaction: all or nothing."""
         if not specs:
             return []
-        rollouts = await self._write(ops.enqueue_many, list(specs), self._clock(), bulk=len(specs) > BULK)
-        self._queued.notify()
-        return rollouts
+        # idle claims wake at the commit: new work is visible to them before it is durable
+        return await self._write(ops.enqueue_many, list(specs), self._clock(), bulk=len(specs) > BULK,
+                                 committed=self._queued.notify)
 
     async def start_rollout(self, input: Any, mode: str | None = None, worker_id: str | None = None,
                             **fields: Any) -> Rollout:

@@ -128,13 +128,18 @@ class SqliteBackend:
         self._bulk = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollfleet-sqlite-bulk")
         self._closed = False
 
-    async def write(self, fn: Callable[..., T], *args: Any, durable: bool = True, bulk: bool = False) -> T:
-        """Run ``fn(tx, *args)`` in the next group commit; a durable write returns once it is on disk."""
+    async def write(self, fn: Callable[..., T], *args: Any, durable: bool = True, bulk: bool = False,
+                    committed: Callable[[], None] | None = None) -> T:
+        """Run ``fn(tx, *args)`` in the next group commit; a durable write returns once it is on disk.
+
+        ``committed`` is called on the caller's loop as soon as the write is committed and visible,
+        before it is durable: a waiting claim need not wait for the disk to see new work.
+        """
         if self._closed:
             raise StoreUnavailable("the store is closed")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
-        item = (fn, args, fut, loop, durable)
+        item = (fn, args, fut, loop, durable, committed)
         if bulk:
             self._bulk.submit(self._run_locked, [item])
         else:
@@ -185,7 +190,7 @@ class SqliteBackend:
         outcomes: list[tuple[Any, Any, BaseException | None]] = []
         try:
             conn.execute("BEGIN IMMEDIATE")
-            for fn, args, fut, loop, durable in group:
+            for fn, args, fut, loop, durable, _committed in group:
                 conn.execute("SAVEPOINT op")
                 try:
                     outcomes.append(((fut, loop, durable), fn(tx, *args), None))
@@ -200,13 +205,17 @@ class SqliteBackend:
                 conn.execute("ROLLBACK")
             log.error("sqlite commit failed: %s", exc)
             failure = StoreUnavailable(f"sqlite commit failed: {exc}")
-            outcomes = [((fut, loop, False), None, failure) for _fn, _args, fut, loop, _durable in group]
+            outcomes = [((fut, loop, False), None, failure) for _fn, _args, fut, loop, _durable, _done in group]
+        else:
+            for item, ((_fut, loop, _durable), _value, error) in zip(group, outcomes, strict=True):
+                if error is None and item[5] is not None:
+                    _soon(loop, item[5])
         durable = [outcome for outcome in outcomes if outcome[0][2]]
         if durable:
             self._flushes.put(durable)  # answered once the WAL is on disk
         for (fut, loop, must_flush), value, error in outcomes:
             if not must_flush:
-                loop.call_soon_threadsafe(_settle, fut, value, error)
+                _soon(loop, _settle, fut, value, error)
 
     def _flush_loop(self) -> None:
         """Sync the WAL to disk, then answer every durable write committed before the sync began."""
@@ -260,6 +269,18 @@ def _wrap(exc: Exception) -> BaseException:
     if isinstance(exc, sqlite3.Error):
         return StoreUnavailable(f"sqlite: {exc}")
     return exc
+
+
+def _soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
+    """Schedule ``fn`` on ``loop``: directly from its own thread (no wake-up pipe), else thread-safely."""
+    try:
+        here = asyncio.get_running_loop()
+    except RuntimeError:
+        here = None
+    if here is loop:
+        loop.call_soon(fn, *args)
+    else:
+        loop.call_soon_threadsafe(fn, *args)
 
 
 def _settle(fut: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
