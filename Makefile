@@ -6,12 +6,21 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install demo test bench peers clean
 
-$(STAMP): pyproject.toml
+# llama-cpp-python has no wheel: we build one, once per machine, for x86-64-v3 (AVX2/FMA/F16C).
+# Never -march=native: on hosts with AMX a native build uses AMX tiles, which these VMs do not
+# grant to processes, and every decode segfaults. Kept outside the checkout, like pip's own cache.
+LLAMA_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+	-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+WHEELS ?= $(HOME)/.cache/rollfleet/wheels/llama-cpp-x86-64-v3
+
+$(STAMP): pyproject.toml constraints.txt
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned to the local CPU build: a looser pin would pull GBs of CUDA
 	$(BIN)/pip install -q -c constraints.txt torch
-	CMAKE_BUILD_PARALLEL_LEVEL=2 $(BIN)/pip install -q -c constraints.txt -e '.[all,test]'
+	ls $(WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || CMAKE_ARGS="$(LLAMA_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+		$(BIN)/pip wheel -q --no-deps --no-cache-dir -c constraints.txt -w $(WHEELS) llama-cpp-python
+	$(BIN)/pip install -q --find-links $(WHEELS) -c constraints.txt -e '.[all,test]'
 	touch $(STAMP)
 
 install: $(STAMP)
