@@ -257,8 +257,12 @@ class SqliteBackend:
         self._flushes.put(_STOP)  # after the last write: every durable one it committed is synced first
         await asyncio.to_thread(self._flusher.join)
         self._readers.shutdown(wait=True)
-        for conn in [self._writer_conn, *self._reader_conns]:
-            conn.close()
+        await asyncio.to_thread(self._close_connections)
+
+    def _close_connections(self) -> None:
+        with self._conn_lock:  # a group still running for another event loop finishes first
+            for conn in [self._writer_conn, *self._reader_conns]:
+                conn.close()
 
 
 def _wrap(exc: Exception) -> BaseException:
