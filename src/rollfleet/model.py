@@ -9,13 +9,20 @@ from __future__ import annotations
 import enum
 import time
 import uuid
+from functools import cache
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from rollfleet.errors import Conflict
 
 JSON = Any
+
+
+@cache
+def adapter(tp: Any) -> TypeAdapter[Any]:
+    """A pydantic TypeAdapter for ``tp``, built once: building one costs far more than using it."""
+    return TypeAdapter(tp)
 
 
 def now() -> float:

@@ -35,7 +35,7 @@ async def test_a_durable_write_is_answered_only_after_the_wal_is_synced(tmp_path
     await store.close()
 
 
-async def test_a_bulk_enqueue_runs_beside_small_writes(tmp_path: Path) -> None:
+async def test_writes_made_while_a_bulk_enqueue_runs_all_succeed(tmp_path: Path) -> None:
     store = open_sql_store(f"sqlite:///{tmp_path}/s.db")
     await store.enqueue_rollout({"first": True}, rollout_id="first")
     bulk = asyncio.create_task(store.enqueue_many([RolloutSpec(input=i) for i in range(BULK * 5)]))

@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from functools import cache
 from typing import Any, TypeVar
 
 import aiohttp
 import orjson
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel
 
 from rollfleet.errors import ERRORS_BY_NAME, RollfleetError, StoreUnavailable
 from rollfleet.model import (
     Attempt, AttemptStatus, Completion, CompletionOutcome, HeartbeatReply, Page, ReapReport, Resources, Rollout, RolloutResult,
-    RolloutSpec, RolloutStatus, Statistics, Step, StepIn, Worker, WorkerStatus, new_id,
+    RolloutSpec, RolloutStatus, Statistics, Step, StepIn, Worker, WorkerStatus, adapter, new_id,
 )
 
 T = TypeVar("T")
@@ -32,13 +31,8 @@ RETRIES = 4
 KEEPALIVE_S = 4.0  # below uvicorn's 5 s: a pooled connection is dropped here before the server drops it
 
 
-@cache
-def _adapter(tp: Any) -> TypeAdapter[Any]:
-    return TypeAdapter(tp)  # building an adapter costs far more than one decode: once per type
-
-
 def _decode(tp: Any, content: bytes) -> Any:
-    return _adapter(tp).validate_json(content)
+    return adapter(tp).validate_json(content)
 
 
 def _body(value: Any) -> bytes:

@@ -11,18 +11,17 @@ import contextlib
 import hmac
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from functools import cache
 from typing import Any
 
 import orjson
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rollfleet.errors import RollfleetError, Unauthorized
-from rollfleet.model import AttemptStatus, RolloutStatus
+from rollfleet.model import AttemptStatus, RolloutStatus, adapter
 from rollfleet.server import schemas as s
 from rollfleet.store.base import Store
 
@@ -34,13 +33,9 @@ def as_json(value: Any) -> Response:
     if isinstance(value, BaseModel):
         return Response(value.model_dump_json(), media_type="application/json")
     if isinstance(value, list) and value and isinstance(value[0], BaseModel):
-        return Response(_adapter(type(value[0])).dump_json(value), media_type="application/json")
+        # one call for the whole list: half the time of one model_dump_json per record
+        return Response(adapter(list[type(value[0])]).dump_json(value), media_type="application/json")  # type: ignore[misc]
     return Response(orjson.dumps(value), media_type="application/json")
-
-
-@cache
-def _adapter(record: type[BaseModel]) -> TypeAdapter[list[Any]]:
-    return TypeAdapter(list[record])  # type: ignore[valid-type]  # one call for a whole list: half the time
 
 
 def error_body(name: str, message: str, status: int) -> JSONResponse:
