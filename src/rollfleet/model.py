@@ -7,8 +7,8 @@ new ones, nobody mutates them.
 from __future__ import annotations
 
 import enum
+import os
 import time
-import uuid
 from functools import cache
 from typing import Any, Generic, TypeVar
 
@@ -31,8 +31,13 @@ def now() -> float:
 
 
 def new_id(prefix: str) -> str:
-    """Return a fresh random id such as ``ro-3f2a…``."""
-    return f"{prefix}-{uuid.uuid4().hex[:20]}"
+    """Return a fresh id such as ``ro-019ab2c4d5e6f1a2b3c4d5e6f7a8b9``: milliseconds, then 64 random bits.
+
+    Time first, so ids sort by creation and a new row's key lands beside the last one's in every
+    index: random ids scattered each insert over its own B-tree page, and each commit rewrote
+    one page per row per index (+21% claim+complete/s on SQLite, docs/store.md).
+    """
+    return f"{prefix}-{time.time_ns() // 1_000_000:012x}{os.urandom(8).hex()}"
 
 
 class RolloutStatus(str, enum.Enum):

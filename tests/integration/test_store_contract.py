@@ -325,3 +325,16 @@ async def test_claim_documents_are_rollouts_in_wire_form(case) -> None:  # type:
     assert [r.rollout_id for r in leased] == ["doc-2", "doc-1"]  # highest priority first
     assert all(r.status is RolloutStatus.PREPARING and r.attempt.worker_id == "w-docs" for r in leased)
     assert leased[0] == await s.get_rollout("doc-2")  # the document is exactly the stored record
+
+
+async def test_ids_sort_by_creation(case) -> None:  # type: ignore[no-untyped-def]
+    # time-ordered ids keep every index's inserts on its last page (docs/store.md)
+    s = case.store
+    first = await s.enqueue_rollout({"n": 1})
+    await asyncio.sleep(0.002)  # the next millisecond: rollout ids carry wall-clock milliseconds
+    second = await s.enqueue_rollout({"n": 2})
+    assert first.rollout_id < second.rollout_id
+    a = await claim_one(s)
+    case.clock.advance(1.0)  # attempt ids carry the store's clock
+    b = await claim_one(s)
+    assert a.attempt.attempt_id < b.attempt.attempt_id

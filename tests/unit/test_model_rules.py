@@ -42,3 +42,14 @@ def test_finished_attempts_are_final() -> None:
 ])
 def test_retry_decision(outcome: AttemptStatus, charged: int, budget: int, decision: RetryDecision) -> None:
     assert retry_decision(outcome, charged, budget) is decision
+
+
+def test_new_ids_start_with_the_millisecond_and_stay_unique(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rollfleet.model import new_id
+
+    ticks = iter([1_700_000_000_000_000_000, 1_700_000_000_001_000_000] + [1_700_000_000_001_000_000] * 1000)
+    monkeypatch.setattr("rollfleet.model.time.time_ns", lambda: next(ticks))
+    early, late = new_id("ro"), new_id("ro")
+    assert early.startswith("ro-018bcfe56800") and early < late
+    same_ms = {new_id("ro") for _ in range(1000)}  # the random tail tells apart ids of one millisecond
+    assert len(same_ms) == 1000

@@ -136,7 +136,8 @@ ORDER BY r.seq DESC LIMIT :limit;
 -- name: claim_rollouts
 UPDATE rollouts r
 SET status = 'preparing', num_attempts = r.num_attempts + 1, updated_at = :now,
-    current_attempt_id = 'at-' || substr(md5(random()::text || clock_timestamp()::text), 1, 20)
+    current_attempt_id = 'at-' || lpad(to_hex(floor(:now * 1000)::bigint), 12, '0')
+                         || substr(md5(random()::text || clock_timestamp()::text), 1, 16)
 FROM (SELECT seq FROM rollouts WHERE status = 'queuing' ORDER BY priority DESC, seq
       LIMIT :max_n FOR UPDATE SKIP LOCKED) q
 WHERE r.seq = q.seq

@@ -134,7 +134,7 @@ ORDER BY r.seq DESC LIMIT :limit;
 -- name: claim_rollouts
 UPDATE rollouts
 SET status = 'preparing', num_attempts = num_attempts + 1, updated_at = :now,
-    current_attempt_id = 'at-' || lower(hex(randomblob(10)))
+    current_attempt_id = 'at-' || printf('%012x', CAST(:now * 1000 AS INTEGER)) || lower(hex(randomblob(8)))
 WHERE seq IN (SELECT seq FROM rollouts INDEXED BY rollouts_queue WHERE status = 'queuing'
               ORDER BY priority DESC, seq LIMIT :max_n)
 RETURNING *;
