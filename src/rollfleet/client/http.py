@@ -5,9 +5,9 @@ enqueue finds the rollout it already created) and completions (repeating the sam
 is answered with the same rollout). Claims are never retried blindly: a lost answer leaves a
 lease that simply expires.
 
-The transport is aiohttp, not httpx: this client is every runner's hot path, and an aiohttp
-request costs about a third of the client CPU of an httpx one (0.69 ms against 2.4 ms on the
-2-core CI machine, measured against this server), which is CPU the runners' agents get back.
+The transport is :mod:`rollfleet.client.wire`, a lean HTTP/1.1 client: this is every runner's
+hot path, and the CPU a general-purpose client spends per request is CPU the runners' agents
+do not get (docs/store.md has the measurements).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-import aiohttp
 import orjson
 from pydantic import BaseModel
 
+from rollfleet.client.wire import Client
 from rollfleet.errors import ERRORS_BY_NAME, RollfleetError, StoreUnavailable
 from rollfleet.model import (
     Attempt, AttemptStatus, Completion, CompletionOutcome, HeartbeatReply, Page, ReapReport, Resources, Rollout, RolloutResult,
@@ -28,7 +28,6 @@ from rollfleet.model import (
 
 T = TypeVar("T")
 RETRIES = 4
-KEEPALIVE_S = 4.0  # below uvicorn's 5 s: a pooled connection is dropped here before the server drops it
 
 
 def _decode(tp: Any, content: bytes) -> Any:
@@ -53,35 +52,21 @@ class HttpStore:
 
     def __init__(self, url: str, *, token: str | None = None, timeout: float = 30.0) -> None:
         self.url = url.rstrip("/")
-        self._headers = {"content-type": "application/json"}
+        headers = {"content-type": "application/json"}
         if token:
-            self._headers["authorization"] = f"Bearer {token}"
+            headers["authorization"] = f"Bearer {token}"
         self._timeout = timeout
-        self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
-
-    def _session(self) -> aiohttp.ClientSession:
-        """This event loop's connection pool (a session belongs to the loop that made it)."""
-        loop = asyncio.get_running_loop()
-        session = self._sessions.get(loop)
-        if session is None or session.closed:
-            connector = aiohttp.TCPConnector(limit=256, keepalive_timeout=KEEPALIVE_S)
-            session = self._sessions[loop] = aiohttp.ClientSession(
-                connector=connector, headers=self._headers, skip_auto_headers=("User-Agent",),
-            )
-        return session
+        self._client = Client(self.url, headers)
 
     async def _call(self, method: str, path: str, body: Any = None, *, params: Any = None,
                     retry: bool = False, timeout: float | None = None) -> bytes:
         content = None if body is None else _body(body)
-        limit = aiohttp.ClientTimeout(total=timeout or self._timeout)
         last: Exception | None = None
         for attempt in range(RETRIES if retry else 1):
             try:
-                async with self._session().request(method, self.url + path, data=content, params=_query(params),
-                                                   timeout=limit) as resp:
-                    data = await resp.read()
-                    status = resp.status
-            except (aiohttp.ClientError, TimeoutError) as exc:
+                status, data = await self._client.request(method, path, content, params=_query(params),
+                                                          timeout=timeout or self._timeout)
+            except (OSError, TimeoutError) as exc:  # refused, reset, closed early, not HTTP, or too slow
                 last = exc
                 if retry and attempt < RETRIES - 1:
                     await asyncio.sleep(min(2.0, 0.05 * 2**attempt))
@@ -266,13 +251,7 @@ class HttpStore:
 
     async def close(self) -> None:
         """Close the HTTP connections."""
-        sessions, self._sessions = self._sessions, {}
-        here = asyncio.get_running_loop()
-        for loop, session in sessions.items():
-            if loop is here:
-                await session.close()
-            elif not loop.is_closed():
-                asyncio.run_coroutine_threadsafe(session.close(), loop)
+        self._client.close()
 
 
 def _error(status: int, data: bytes) -> RollfleetError:

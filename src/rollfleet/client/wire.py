@@ -1,0 +1,233 @@
+"""A lean HTTP/1.1 client for the control plane's JSON API: pooled keep-alive connections, nothing else.
+
+Every runner calls the control plane a few times per rollout, so this is every runner's hot path.
+A general client's per-request machinery (aiohttp's cookie jar, tracing hooks, header multidicts,
+redirect and proxy handling) cost ~0.4 ms of client CPU a request on the 2-core CI machine, about
+half of a runner's whole share of a claim+complete cycle (docs/store.md). This one writes the
+request in one ``send`` and parses the answer in ``data_received``: status line, headers,
+``Content-Length`` or chunked bodies. HTTPS works through asyncio's TLS transport.
+
+A connection is reused while the server keeps it open; a reused one that the server had already
+closed as idle (end of stream before a single byte of the answer) is replaced and the request sent
+again: the server never read it. Cancelling a request closes its connection, so the server sees
+the caller go (a long-poll claim then leases nothing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from urllib.parse import urlencode, urlsplit
+
+KEEPALIVE_S = 4.0  # below uvicorn's 5 s: a pooled connection is dropped here before the server drops it
+MAX_IDLE = 64  # idle connections kept per event loop
+
+
+class ProtocolError(ConnectionError):
+    """The server's answer was not HTTP/1.1 this client understands."""
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP (or TLS) connection: sends a request, collects the answer."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.answer: asyncio.Future[tuple[int, bytes]] | None = None
+        self.open = True
+        self.reusable = True
+        self.idle_since = 0.0
+        self._head: tuple[int, int, int, bool] | None = None  # status, body start, length (-1 chunked, -2 to EOF)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Keep the transport."""
+        self.transport = transport  # type: ignore[assignment]
+
+    def send(self, data: bytes, answer: asyncio.Future[tuple[int, bytes]]) -> None:
+        """Write one request; ``answer`` gets (status, body)."""
+        self.buf.clear()
+        self._head = None
+        self.answer = answer
+        assert self.transport is not None
+        self.transport.write(data)
+
+    def data_received(self, data: bytes) -> None:
+        """Collect bytes; settle the answer once the body is complete."""
+        self.buf += data
+        if self.answer is None or self.answer.done():
+            return
+        try:
+            done = self._parse()
+        except ProtocolError as exc:
+            self.reusable = False
+            self.answer.set_exception(exc)
+            return
+        if done is not None:
+            self.answer.set_result(done)
+
+    def eof_received(self) -> bool:
+        """The server ended the stream: an answer read to end of stream is complete now."""
+        self.reusable = False
+        if self.answer is not None and not self.answer.done() and self._head is not None and self._head[2] == -2:
+            status, start, _length, _close = self._head
+            self.answer.set_result((status, bytes(self.buf[start:])))
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Fail an unfinished answer; the connection is never reused."""
+        self.open = False
+        if self.answer is not None and not self.answer.done() and self._head is not None and self._head[2] == -2:
+            self.answer.set_result((self._head[0], bytes(self.buf[self._head[1]:])))
+        if self.answer is not None and not self.answer.done():
+            stale = not self.buf  # not one byte of an answer: the server closed it before reading the request
+            self.answer.set_exception(_Closed(stale, exc))
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.open = False
+        if self.transport is not None:
+            self.transport.close()
+
+    def _parse(self) -> tuple[int, bytes] | None:
+        if self._head is None:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return None
+            self._head = _parse_head(bytes(self.buf[:end]), end + 4)
+            self.reusable = self.reusable and not self._head[3]
+        status, start, length, _close = self._head
+        if length >= 0:
+            if len(self.buf) - start < length:
+                return None
+            return status, bytes(self.buf[start:start + length])
+        if length == -1:
+            body = _dechunk(self.buf, start)
+            return None if body is None else (status, body)
+        return None  # read to end of stream
+
+
+class _Closed(ConnectionError):
+    """The connection closed before the answer was complete."""
+
+    def __init__(self, stale: bool, cause: Exception | None) -> None:
+        super().__init__(f"the server closed the connection{f': {cause}' if cause else ''}")
+        self.stale = stale
+
+
+def _parse_head(head: bytes, body_start: int) -> tuple[int, int, int, bool]:
+    lines = head.split(b"\r\n")
+    parts = lines[0].split(b" ", 2)
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+        raise ProtocolError(f"not an HTTP/1.1 status line: {lines[0][:80]!r}")
+    status = int(parts[1])
+    length, close = -2, parts[0] == b"HTTP/1.0"
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"content-length":
+            length = int(value.strip())
+        elif name == b"transfer-encoding" and b"chunked" in value.lower():
+            length = -1
+        elif name == b"connection":
+            close = value.strip().lower() == b"close"
+    if status in (204, 304) or 100 <= status < 200:
+        length = 0
+    return status, body_start, length, close or length == -2
+
+
+def _dechunk(buf: bytearray, pos: int) -> bytes | None:
+    """The body of a complete chunked message starting at ``pos``, or None if more is to come."""
+    body = bytearray()
+    while True:
+        eol = buf.find(b"\r\n", pos)
+        if eol < 0:
+            return None
+        try:
+            size = int(bytes(buf[pos:eol]).split(b";")[0], 16)
+        except ValueError:
+            raise ProtocolError("bad chunk size in a chunked answer") from None
+        if size == 0:
+            return bytes(body) if buf.find(b"\r\n\r\n", eol) >= 0 else None  # after the trailers, if any
+        start, end = eol + 2, eol + 2 + size
+        if len(buf) < end + 2:
+            return None
+        body += buf[start:end]
+        pos = end + 2
+
+
+class Client:
+    """Pooled keep-alive HTTP/1.1 connections to one server, per event loop."""
+
+    def __init__(self, base_url: str, headers: dict[str, str]) -> None:
+        url = urlsplit(base_url)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"not an http(s) URL: {base_url!r}")
+        self.host = url.hostname
+        self.port = url.port or (443 if url.scheme == "https" else 80)
+        self.prefix = url.path.rstrip("/")
+        self.ssl = ssl.create_default_context() if url.scheme == "https" else None
+        default_port = self.port == (443 if self.ssl else 80)
+        fixed = {"host": self.host if default_port else f"{self.host}:{self.port}", **headers}
+        self._fixed = "".join(f"{k}: {v}\r\n" for k, v in fixed.items()).encode()
+        self._idle: dict[asyncio.AbstractEventLoop, list[_Connection]] = {}
+
+    async def request(self, method: str, path: str, body: bytes | None = None,
+                      params: list[tuple[str, str]] | None = None, timeout: float = 30.0) -> tuple[int, bytes]:
+        """Send one request and return (status, body); raises OSError/ConnectionError or TimeoutError."""
+        target = self.prefix + path + ("?" + urlencode(params) if params else "")
+        data = b"".join((f"{method} {target} HTTP/1.1\r\n".encode(), self._fixed,
+                         b"content-length: %d\r\n\r\n" % (len(body) if body else 0), body or b""))
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(timeout):
+            while True:
+                conn, reused = await self._acquire(loop)
+                answer: asyncio.Future[tuple[int, bytes]] = loop.create_future()
+                conn.send(data, answer)
+                try:
+                    result = await answer
+                except _Closed as exc:
+                    if reused and exc.stale:  # closed as idle by the server before it read this request
+                        continue
+                    raise
+                except BaseException:  # cancelled or timed out: the server must see the caller go
+                    conn.close()
+                    raise
+                self._release(loop, conn)
+                return result
+
+    async def _acquire(self, loop: asyncio.AbstractEventLoop) -> tuple[_Connection, bool]:
+        idle = self._idle.get(loop)
+        now = time.monotonic()
+        while idle:
+            conn = idle.pop()
+            if conn.open and now - conn.idle_since < KEEPALIVE_S:
+                return conn, True
+            conn.close()
+        _transport, conn = await loop.create_connection(_Connection, self.host, self.port, ssl=self.ssl)
+        return conn, False
+
+    def _release(self, loop: asyncio.AbstractEventLoop, conn: _Connection) -> None:
+        idle = self._idle.setdefault(loop, [])
+        if conn.open and conn.reusable and len(idle) < MAX_IDLE:
+            conn.answer = None
+            conn.idle_since = time.monotonic()
+            idle.append(conn)
+        else:
+            conn.close()
+
+    def close(self) -> None:
+        """Close every pooled connection (each on its own loop's thread)."""
+        pools, self._idle = self._idle, {}
+        for loop, conns in pools.items():
+            for conn in conns:
+                if loop.is_closed():
+                    continue
+                try:
+                    running = asyncio.get_running_loop()
+                except RuntimeError:
+                    running = None
+                if loop is running:
+                    conn.close()
+                else:
+                    loop.call_soon_threadsafe(conn.close)
