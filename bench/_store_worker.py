@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import json
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -152,6 +153,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             stores = [store] * args.inproc
         else:
             stores = [store]
+        if args.barrier:  # every client starts its timed loop at once, after all of them have set up
+            print("ready", flush=True)
+            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         t0 = time.perf_counter()
         if args.op == "enqueue":
             counts = await asyncio.gather(*[timed_loop(s.enqueue, args.seconds) for s in stores])
@@ -174,4 +178,5 @@ if __name__ == "__main__":
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--n", type=int, default=0)
     p.add_argument("--inproc", type=int, default=0)
+    p.add_argument("--barrier", action="store_true", help="print 'ready', wait for a line on stdin, then start")
     print(json.dumps(asyncio.run(main(p.parse_args()))))

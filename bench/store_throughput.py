@@ -1,8 +1,10 @@
 """Store throughput: enqueue/s, claim+complete/s and dispatch latency, ours vs Agent Lightning 0.3.0.
 
 In-process and over HTTP, 1 and 4 concurrent workers, on SQLite and PostgreSQL, all in one run.
-Every one of our commits is durable (SQLite WAL synchronous=FULL; PostgreSQL synchronous_commit on);
-Agent Lightning's store here is its in-memory one (what `agl store` serves), not durable.
+Every write of ours that acknowledges data is durable before it is answered (SQLite: the WAL is
+fdatasync'ed first; PostgreSQL: synchronous_commit on); Agent Lightning's store here is its
+in-memory one (what `agl store` serves), not durable. Over HTTP, the n client processes of a
+figure start timing together, once all of them have imported and connected.
 Run: `python -m bench store_throughput` (peers: `make peers`).
 """
 
@@ -37,9 +39,37 @@ def client(py: str, impl: str, url: str, op: str, **kw: Any) -> dict[str, Any]:
 
 
 def clients(py: str, impl: str, url: str, op: str, n: int) -> float:
-    """Run n client processes at once; ops/s over the slowest one's time."""
-    with ThreadPoolExecutor(n) as pool:
-        results = list(pool.map(lambda _i: client(py, impl, url, op), range(n)))
+    """Run n client processes at once; ops/s over the slowest one's time.
+
+    Each process imports and connects first, then all start timing together (a barrier): Agent
+    Lightning's client takes seconds to import, and staggered windows would not be n at once.
+    """
+    argv = [py, WORKER, "--impl", impl, "--url", url, "--op", op, "--seconds", str(SECONDS), "--barrier"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env) for _ in range(n)]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdin is not None
+            for line in proc.stdout:  # a peer's import may print first
+                if line.strip() == "ready":
+                    break
+            else:
+                raise RuntimeError(f"{impl} {op} client failed to start: {proc.communicate()[1][-2000:]}")
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        with ThreadPoolExecutor(n) as pool:
+            outs = list(pool.map(lambda proc: proc.communicate(timeout=600), procs))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    for proc, (_out, err) in zip(procs, outs, strict=True):
+        if proc.returncode != 0:
+            raise RuntimeError(f"{impl} {op} failed: {err[-2000:]}")
+    results = [json.loads(out.strip().splitlines()[-1]) for out, _err in outs]
     return sum(r["ops"] for r in results) / max(r["seconds"] for r in results)
 
 
