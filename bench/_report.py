@@ -28,7 +28,12 @@ def store_rows(d: dict[str, Any]) -> list[str]:
     ours, agl = d["ours_sqlite"], d.get("agentlightning_0_3_0")
     agl = agl if isinstance(agl, dict) else {}
     rows = []
-    for key, label in [("http_claim_complete_batched_4", "claim+complete/s over HTTP, 4 workers, batched (16)"),
+    head = d.get("headline")
+    if head:
+        rows.append(f"| store | claim+complete/s over HTTP, 4 workers, batched (16): median of {len(head['rounds']['ours'])} "
+                    f"interleaved rounds | {n(head['ours_median'])} (SQLite, durable) | {n(head['agl_median'])} "
+                    f"(Agent Lightning 0.3.0, in memory) | {head['ratio']:.1f}× |")
+    for key, label in [("http_claim_complete_batched_4", "claim+complete/s over HTTP, 4 workers, batched (16), one run after five other phases"),
                        ("http_claim_complete_4", "claim+complete/s over HTTP, 4 workers, one per request"),
                        ("http_claim_complete_batched_1", "claim+complete/s over HTTP, 1 worker, batched (16)"),
                        ("inproc_claim_complete_batched_4", "claim+complete/s in-process, 4 workers, batched"),

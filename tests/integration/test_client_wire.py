@@ -164,6 +164,14 @@ async def test_garbage_is_a_protocol_error_and_the_store_says_unavailable(script
     await store.close()
 
 
+async def test_a_bad_length_is_a_protocol_error(scripted) -> None:  # type: ignore[no-untyped-def]
+    s = await scripted(lambda w, _n: w.write(b"HTTP/1.1 200 OK\r\nContent-Length: lots\r\n\r\n"))
+    client = Client(s.url, {})
+    with pytest.raises(ProtocolError, match="bad Content-Length"):
+        await client.request("GET", "/x")
+    client.close()
+
+
 def test_only_http_urls_are_accepted() -> None:
     with pytest.raises(ValueError, match="not an http"):
         Client("ftp://example.org", {})

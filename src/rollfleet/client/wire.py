@@ -126,6 +126,8 @@ def _parse_head(head: bytes, body_start: int) -> tuple[int, int, int, bool]:
         name, _, value = line.partition(b":")
         name = name.strip().lower()
         if name == b"content-length":
+            if not value.strip().isdigit():
+                raise ProtocolError(f"bad Content-Length: {value.strip()[:40]!r}")
             length = int(value.strip())
         elif name == b"transfer-encoding" and b"chunked" in value.lower():
             length = -1
