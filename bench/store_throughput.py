@@ -91,16 +91,29 @@ def pg_schema_url() -> str | None:
         return None
 
 
+def ours_server(db_url: str) -> tuple[subprocess.Popen[bytes], str]:
+    """Start `rollfleet serve` on a database; return the process and its URL."""
+    port = free_port()
+    proc = start([PY, "-m", "rollfleet.cli", "serve", "--db", db_url, "--port", str(port)],
+                 f"http://127.0.0.1:{port}/health")
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def agl_server() -> tuple[subprocess.Popen[bytes], str]:
+    """Start Agent Lightning's `agl store`; return the process and its URL."""
+    port = free_port()
+    proc = start([str(ROOT / ".venv-peers" / "bin" / "agl"), "store", "--host", "127.0.0.1", "--port", str(port),
+                  "--log-level", "WARNING"], f"http://127.0.0.1:{port}/v1/agl/health")
+    return proc, f"http://127.0.0.1:{port}"
+
+
 def ours_backend(name: str, make_url: Any) -> dict[str, Any]:
     row: dict[str, Any] = {}
     for workers in (1, 4):
         row[f"inproc_enqueue_{workers}"] = inproc(PY, "ours", make_url(), "enqueue", workers)
         row[f"inproc_claim_complete_{workers}"] = inproc(PY, "ours", make_url(), "claim", workers)
         row[f"inproc_claim_complete_batched_{workers}"] = inproc(PY, "ours", make_url(), "claim_batch", workers)
-    port = free_port()
-    server = start([PY, "-m", "rollfleet.cli", "serve", "--db", make_url(), "--port", str(port)],
-                   f"http://127.0.0.1:{port}/health")
-    url = f"http://127.0.0.1:{port}"
+    server, url = ours_server(make_url())
     try:
         if name == "sqlite":  # first, while the queue is empty: an idle worker must get the new task
             row["dispatch_latency"] = client(PY, "ours", url, "latency", n=50)
@@ -123,10 +136,7 @@ def agl() -> dict[str, Any]:
         row[f"inproc_enqueue_{workers}"] = inproc(py, "agl", "memory", "enqueue", workers)
         row[f"inproc_claim_complete_{workers}"] = inproc(py, "agl", "memory", "claim", workers)
         row[f"inproc_claim_complete_batched_{workers}"] = inproc(py, "agl", "memory", "claim_batch", workers)
-    port = free_port()
-    server = start([str(ROOT / ".venv-peers" / "bin" / "agl"), "store", "--host", "127.0.0.1", "--port", str(port),
-                    "--log-level", "WARNING"], f"http://127.0.0.1:{port}/v1/agl/health")
-    url = f"http://127.0.0.1:{port}"
+    server, url = agl_server()
     try:
         row["dispatch_latency"] = client(py, "agl", url, "latency", n=6)  # first, on an empty queue
         for workers in (1, 4):
@@ -151,20 +161,15 @@ def headline() -> dict[str, Any]:
     each side's median over interleaved rounds, a fresh seed before each; both servers start fresh.
     """
     tmp = tempfile.mkdtemp(prefix="rollfleet-bench-")
-    ours_port, agl_port = free_port(), free_port()
-    ours = start([PY, "-m", "rollfleet.cli", "serve", "--db", f"sqlite:///{tmp}/headline.db", "--port",
-                  str(ours_port)], f"http://127.0.0.1:{ours_port}/health")
-    theirs = start([str(ROOT / ".venv-peers" / "bin" / "agl"), "store", "--host", "127.0.0.1", "--port", str(agl_port),
-                    "--log-level", "WARNING"], f"http://127.0.0.1:{agl_port}/v1/agl/health")
+    ours, ours_url = ours_server(f"sqlite:///{tmp}/headline.db")
+    theirs, agl_url = agl_server()
     rounds: dict[str, list[float]] = {"ours": [], "agl": []}
     try:
         for _ in range(ROUNDS):
-            url = f"http://127.0.0.1:{ours_port}"
-            client(PY, "ours", url, "seed", n=SEED)
-            rounds["ours"].append(clients(PY, "ours", url, "claim_batch", 4))
-            url = f"http://127.0.0.1:{agl_port}"
-            client(str(PEERS_PY), "agl", url, "seed", n=SEED // 10)
-            rounds["agl"].append(clients(str(PEERS_PY), "agl", url, "claim_batch", 4))
+            client(PY, "ours", ours_url, "seed", n=SEED)
+            rounds["ours"].append(clients(PY, "ours", ours_url, "claim_batch", 4))
+            client(str(PEERS_PY), "agl", agl_url, "seed", n=SEED // 10)
+            rounds["agl"].append(clients(str(PEERS_PY), "agl", agl_url, "claim_batch", 4))
     finally:
         stop(ours)
         stop(theirs)
