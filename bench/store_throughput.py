@@ -28,11 +28,16 @@ SEED = 30000
 PG = os.environ.get("ROLLFLEET_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 
 
-def client(py: str, impl: str, url: str, op: str, **kw: Any) -> dict[str, Any]:
-    argv = [py, WORKER, "--impl", impl, "--url", url, "--op", op, "--seconds", str(SECONDS)]
+def worker_command(py: str, impl: str, url: str, op: str, *flags: str, **kw: Any) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment of one bench/_store_worker.py process."""
+    argv = [py, WORKER, "--impl", impl, "--url", url, "--op", op, "--seconds", str(SECONDS), *flags]
     for k, v in kw.items():
         argv += [f"--{k}", str(v)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return argv, {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def client(py: str, impl: str, url: str, op: str, **kw: Any) -> dict[str, Any]:
+    argv, env = worker_command(py, impl, url, op, **kw)
     out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
     if out.returncode != 0:
         raise RuntimeError(f"{impl} {op} failed: {out.stderr[-2000:]}")
@@ -45,8 +50,7 @@ def clients(py: str, impl: str, url: str, op: str, n: int) -> float:
     Each process imports and connects first, then all start timing together (a barrier): Agent
     Lightning's client takes seconds to import, and staggered windows would not be n at once.
     """
-    argv = [py, WORKER, "--impl", impl, "--url", url, "--op", op, "--seconds", str(SECONDS), "--barrier"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv, env = worker_command(py, impl, url, op, "--barrier")
     procs = [subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=env) for _ in range(n)]
     try:

@@ -23,6 +23,7 @@ class Scripted:
     requests: list[bytes] = field(default_factory=list)
     connections: int = 0
     closed_by_client: asyncio.Event = field(default_factory=asyncio.Event)
+    received: asyncio.Event = field(default_factory=asyncio.Event)
     url: str = ""
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -32,6 +33,7 @@ class Scripted:
                 head = await reader.readuntil(b"\r\n\r\n")
                 length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
                 self.requests.append(head + await reader.readexactly(length))
+                self.received.set()
                 self.answer(writer, len(self.requests))
                 await writer.drain()
                 if writer.is_closing():
@@ -134,8 +136,7 @@ async def test_cancelling_a_request_closes_its_connection(scripted) -> None:  # 
     s = await scripted(lambda _w, _n: None)  # never answers: a long-poll
     client = Client(s.url, {})
     call = asyncio.create_task(client.request("POST", "/claims", b"{}"))
-    while not s.requests:
-        await asyncio.sleep(0.01)
+    await asyncio.wait_for(s.received.wait(), 10)  # the request is at the server, waiting
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
@@ -152,24 +153,22 @@ async def test_a_timeout_raises_and_closes(scripted) -> None:  # type: ignore[no
     client.close()
 
 
-async def test_garbage_is_a_protocol_error_and_the_store_says_unavailable(scripted) -> None:  # type: ignore[no-untyped-def]
-    s = await scripted(lambda w, _n: w.write(b"SSH-2.0-OpenSSH\r\n\r\n"))
+@pytest.mark.parametrize(("answer", "why"), [
+    (b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP/1.1 status line"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: lots\r\n\r\n", "bad Content-Length"),
+])
+async def test_what_is_not_http_is_a_protocol_error_and_the_store_says_unavailable(  # type: ignore[no-untyped-def]
+    scripted, answer: bytes, why: str,
+) -> None:
+    s = await scripted(lambda w, _n: w.write(answer))
     client = Client(s.url, {})
-    with pytest.raises(ProtocolError, match="not an HTTP/1.1 status line"):
+    with pytest.raises(ProtocolError, match=why):
         await client.request("GET", "/x")
     client.close()
     store = HttpStore(s.url, timeout=5)
     with pytest.raises(StoreUnavailable, match="cannot reach"):
         await store.statistics()
     await store.close()
-
-
-async def test_a_bad_length_is_a_protocol_error(scripted) -> None:  # type: ignore[no-untyped-def]
-    s = await scripted(lambda w, _n: w.write(b"HTTP/1.1 200 OK\r\nContent-Length: lots\r\n\r\n"))
-    client = Client(s.url, {})
-    with pytest.raises(ProtocolError, match="bad Content-Length"):
-        await client.request("GET", "/x")
-    client.close()
 
 
 def test_only_http_urls_are_accepted() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -331,7 +332,8 @@ async def test_ids_sort_by_creation(case) -> None:  # type: ignore[no-untyped-de
     # time-ordered ids keep every index's inserts on its last page (docs/store.md)
     s = case.store
     first = await s.enqueue_rollout({"n": 1})
-    await asyncio.sleep(0.002)  # the next millisecond: rollout ids carry wall-clock milliseconds
+    while time.time_ns() // 1_000_000 <= int(first.rollout_id[3:15], 16):
+        pass  # rollout ids carry wall-clock milliseconds: the next id must come from a later one
     second = await s.enqueue_rollout({"n": 2})
     assert first.rollout_id < second.rollout_id
     a = await claim_one(s)

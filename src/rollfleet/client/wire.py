@@ -70,16 +70,13 @@ class _Connection(asyncio.Protocol):
     def eof_received(self) -> bool:
         """The server ended the stream: an answer read to end of stream is complete now."""
         self.reusable = False
-        if self.answer is not None and not self.answer.done() and self._head is not None and self._head[2] == -2:
-            status, start, _length, _close = self._head
-            self.answer.set_result((status, bytes(self.buf[start:])))
+        self._end_of_stream()
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Fail an unfinished answer; the connection is never reused."""
         self.open = False
-        if self.answer is not None and not self.answer.done() and self._head is not None and self._head[2] == -2:
-            self.answer.set_result((self._head[0], bytes(self.buf[self._head[1]:])))
+        self._end_of_stream()  # TLS transports may report the end only here
         if self.answer is not None and not self.answer.done():
             stale = not self.buf  # not one byte of an answer: the server closed it before reading the request
             self.answer.set_exception(_Closed(stale, exc))
@@ -89,6 +86,12 @@ class _Connection(asyncio.Protocol):
         self.open = False
         if self.transport is not None:
             self.transport.close()
+
+    def _end_of_stream(self) -> None:
+        """Settle an answer whose body runs to the end of the stream (no length, not chunked)."""
+        if self.answer is not None and not self.answer.done() and self._head is not None and self._head[2] == -2:
+            status, start, _length, _close = self._head
+            self.answer.set_result((status, bytes(self.buf[start:])))
 
     def _parse(self) -> tuple[int, bytes] | None:
         if self._head is None:
@@ -222,15 +225,15 @@ class Client:
     def close(self) -> None:
         """Close every pooled connection (each on its own loop's thread)."""
         pools, self._idle = self._idle, {}
+        try:
+            here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
         for loop, conns in pools.items():
+            if loop.is_closed():
+                continue
             for conn in conns:
-                if loop.is_closed():
-                    continue
-                try:
-                    running = asyncio.get_running_loop()
-                except RuntimeError:
-                    running = None
-                if loop is running:
+                if loop is here:
                     conn.close()
                 else:
                     loop.call_soon_threadsafe(conn.close)
