@@ -11,7 +11,8 @@ import pytest
 from rollfleet.client import HttpStore
 from rollfleet.errors import StoreUnavailable, Unauthorized
 from rollfleet.model import AttemptStatus, Completion
-from rollfleet.server.embedded import ServerThread, check_bind
+from rollfleet.server.embedded import ServerThread
+from rollfleet.web.serving import check_bind
 
 
 @pytest.fixture

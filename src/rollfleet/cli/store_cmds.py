@@ -10,7 +10,16 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from rollfleet.cli.common import StoreOpt, TokenOpt, console, fmt_age, run, store_url, token_of, with_store
+from rollfleet.cli.common import (
+    StoreOpt,
+    TokenOpt,
+    console,
+    fmt_age,
+    run,
+    store_url,
+    token_of,
+    with_store,
+)
 from rollfleet.errors import InvalidInput
 from rollfleet.model import RolloutStatus
 from rollfleet.store.base import Store
@@ -34,10 +43,9 @@ def serve(
     """Run the control plane: HTTP API, reaper, dashboard."""
     import uvicorn
 
-    from rollfleet.server.embedded import check_bind
-    from rollfleet.server.net import nodelay_http_protocol
     from rollfleet.server.extensions import EngineOptions, build_routers
     from rollfleet.store import open_sql_store
+    from rollfleet.web.serving import check_bind, nodelay_http_protocol
 
     token = token_of(token)
     check_bind(host, token)

@@ -20,11 +20,29 @@ import orjson
 from pydantic import BaseModel
 
 from rollfleet.client.wire import Client
-from rollfleet.errors import ERRORS_BY_NAME, RollfleetError, StoreUnavailable
+from rollfleet.errors import StoreUnavailable
 from rollfleet.model import (
-    Attempt, AttemptStatus, Completion, CompletionOutcome, HeartbeatReply, Page, ReapReport, Resources, Rollout, RolloutResult,
-    RolloutSpec, RolloutStatus, Statistics, Step, StepIn, Worker, WorkerStatus, adapter, new_id,
+    Attempt,
+    AttemptStatus,
+    Completion,
+    CompletionOutcome,
+    HeartbeatReply,
+    Page,
+    ReapReport,
+    Resources,
+    Rollout,
+    RolloutResult,
+    RolloutSpec,
+    RolloutStatus,
+    Statistics,
+    Step,
+    StepIn,
+    Worker,
+    WorkerStatus,
+    adapter,
+    new_id,
 )
+from rollfleet.web.errors import error_from_answer
 
 T = TypeVar("T")
 RETRIES = 4
@@ -75,7 +93,7 @@ class HttpStore:
                 if status >= 500 and retry and attempt < RETRIES - 1:
                     await asyncio.sleep(min(2.0, 0.05 * 2**attempt))
                     continue
-                raise _error(status, data)
+                raise error_from_answer(status, data)
             return data
         raise StoreUnavailable(f"cannot reach the rollfleet server at {self.url}: {last!r}") from last
 
@@ -252,12 +270,3 @@ class HttpStore:
     async def close(self) -> None:
         """Close the HTTP connections."""
         self._client.close()
-
-
-def _error(status: int, data: bytes) -> RollfleetError:
-    try:
-        body = orjson.loads(data)
-        cls = ERRORS_BY_NAME.get(body.get("error", ""), RollfleetError)
-        return cls(body.get("message", data.decode(errors="replace")))
-    except (ValueError, AttributeError):
-        return RollfleetError(f"HTTP {status}: {data[:200].decode(errors='replace')}")

@@ -12,8 +12,9 @@ from typing import Any
 
 import httpx
 
-from rollfleet.errors import ERRORS_BY_NAME, RollfleetError, StoreUnavailable
+from rollfleet.errors import StoreUnavailable
 from rollfleet.model import RolloutConfig, RolloutSpec
+from rollfleet.web.errors import error_from_answer
 
 FINALIZE_MARGIN_S = 30.0
 _DEFAULT: Any = object()
@@ -36,13 +37,7 @@ class CoordinatorClient:
         except httpx.TransportError as exc:
             raise StoreUnavailable(f"coordinator at {self._client.base_url} unreachable: {exc}") from exc
         if resp.status_code >= 400:
-            try:
-                data = resp.json()
-                cls = ERRORS_BY_NAME.get(data.get("error", ""), RollfleetError)
-                message = data.get("message", resp.text)
-            except ValueError:
-                cls, message = RollfleetError, resp.text
-            raise cls(message)
+            raise error_from_answer(resp.status_code, resp.content)
         return resp.json()
 
     async def submit_batch(self, batch_id: str | int, tasks: list[Any], batch_type: str = "train",

@@ -26,12 +26,18 @@ from typing import Any
 from rollfleet.coordinator import experiences as xp
 from rollfleet.coordinator import metrics as m
 from rollfleet.coordinator.state import (
-    STATE_PREFIX, BatchLifecycleState, BatchState, BatchType, Carried, StragglerPolicy, check_submit,
+    STATE_PREFIX,
+    BatchLifecycleState,
+    BatchState,
+    BatchType,
+    Carried,
+    StragglerPolicy,
+    check_submit,
     rollout_specs,
 )
 from rollfleet.errors import Conflict, InvalidInput, NotFound
 from rollfleet.model import ACTIVE_ROLLOUT, Rollout, RolloutConfig, RolloutStatus, now
-from rollfleet.store.base import Store
+from rollfleet.store.base import Store, read_all
 
 log = logging.getLogger("rollfleet.coordinator")
 AbortHook = Callable[[str], Awaitable[None]]
@@ -330,14 +336,7 @@ class RolloutCoordinator:
         return out
 
     async def _steps(self, rollout_id: str) -> list[Any]:
-        steps: list[Any] = []
-        cursor: str | None = None
-        while True:
-            page = await self._s.query_steps(rollout_id, cursor=cursor)
-            steps.extend(page.items)
-            if page.next_cursor is None:
-                return steps
-            cursor = page.next_cursor
+        return await read_all(lambda cursor: self._s.query_steps(rollout_id, cursor=cursor))
 
     # --- abort ----------------------------------------------------------------------------------
 

@@ -19,14 +19,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, Depends, FastAPI, Header, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rollfleet.engines.base import Delta, Generation, GenerationRequest, SamplingParams
 from rollfleet.engines.gateway import Gateway
-from rollfleet.server.net import nodelay_http_protocol
-from rollfleet.errors import InvalidInput, RollfleetError, Unauthorized
+from rollfleet.errors import InvalidInput, RollfleetError
+from rollfleet.web.serving import bearer_check, nodelay_http_protocol
 
 log = logging.getLogger("rollfleet.engines")
 ROLLOUT_HEADER, ATTEMPT_HEADER = "X-Rollfleet-Rollout", "X-Rollfleet-Attempt"
@@ -170,11 +170,7 @@ async def _events(gateway: Gateway, request: GenerationRequest, shaper: _Shaper,
 def gateway_router(gateway: Gateway, token: str | None = None) -> APIRouter:
     """An APIRouter with the gateway's endpoints (mount it in any FastAPI app)."""
 
-    def check_token(authorization: str | None = Header(default=None)) -> None:
-        if token and authorization != f"Bearer {token}":
-            raise Unauthorized("gateway: missing or wrong bearer token")
-
-    router = APIRouter(dependencies=[Depends(check_token)], tags=["gateway"])
+    router = APIRouter(dependencies=[Depends(bearer_check(token, "gateway"))], tags=["gateway"])
 
     async def run(raw: bytes, chat: bool, rollout: str | None, attempt: str | None) -> Response:
         try:

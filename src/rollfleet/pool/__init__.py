@@ -6,7 +6,14 @@ Entry points: :class:`Pool` (in-process), :class:`RemotePool` (leases from a poo
 config file). Every source has ``async with source.lease(attempt_id=...) as instance``.
 """
 
-from rollfleet.pool.base import EnvSource, Instance, InstanceInfo, InstanceState, PoolStats, Provider
+from rollfleet.pool.base import (
+    EnvSource,
+    Instance,
+    InstanceInfo,
+    InstanceState,
+    PoolStats,
+    Provider,
+)
 from rollfleet.pool.config import load_config, load_registry, parse_config
 from rollfleet.pool.leases import Lease, PoolRegistry
 from rollfleet.pool.modes import EphemeralEnv, env_source
@@ -14,7 +21,13 @@ from rollfleet.pool.pool import Pool, PoolPolicy
 from rollfleet.pool.providers.command import CommandProvider, CommandSpec
 from rollfleet.pool.providers.desktop import DesktopEnvStandIn, DesktopOptions, DesktopProvider
 from rollfleet.pool.providers.memory import MemoryProvider
-from rollfleet.pool.providers.sandbox import RunResult, Sandbox, SandboxLimits, SandboxProvider, UnitTestResult
+from rollfleet.pool.providers.sandbox import (
+    RunResult,
+    Sandbox,
+    SandboxLimits,
+    SandboxProvider,
+    UnitTestResult,
+)
 from rollfleet.pool.remote import RemotePool, fetch_pool_stats
 from rollfleet.pool.service import pool_app, pool_router
 

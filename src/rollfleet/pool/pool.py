@@ -20,7 +20,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollfleet.errors import Conflict, PoolError, PoolTimeout
-from rollfleet.pool.base import Instance, InstanceInfo, InstanceState, PoolStats, Provider, percentile
+from rollfleet.pool.base import (
+    Instance,
+    InstanceInfo,
+    InstanceState,
+    PoolStats,
+    Provider,
+    percentile,
+)
 
 log = logging.getLogger("rollfleet.pool")
 

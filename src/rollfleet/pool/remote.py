@@ -16,24 +16,19 @@ from typing import Any
 
 import httpx
 
-from rollfleet.errors import ERRORS_BY_NAME, Conflict, PoolError, RollfleetError
+from rollfleet.errors import Conflict, PoolError, RollfleetError
 from rollfleet.pool.base import Instance, PoolStats
 from rollfleet.pool.leases import Lease
+from rollfleet.web.errors import error_from_answer
 
 log = logging.getLogger("rollfleet.pool")
 
 
 def _raise_for(response: httpx.Response) -> None:
     """Turn an error response into the rollfleet error the server raised."""
-    if response.is_success:
-        return
-    try:
-        body = response.json()
-        cls = ERRORS_BY_NAME.get(body.get("error"), PoolError)
-        detail = str(body.get("message", body.get("detail")))
-    except (ValueError, AttributeError):
-        cls, detail = PoolError, response.text[:500]
-    raise cls(f"{detail} (HTTP {response.status_code} from {response.request.url})")
+    if not response.is_success:
+        raise error_from_answer(response.status_code, response.content, default=PoolError,
+                                where=str(response.request.url))
 
 
 class RemotePool:

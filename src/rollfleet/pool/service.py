@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -21,9 +20,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import Field
 
-from rollfleet.errors import InvalidInput, PoolError, PoolTimeout, RollfleetError, Unauthorized
+from rollfleet.errors import InvalidInput, PoolError, PoolTimeout, RollfleetError
 from rollfleet.pool.base import PoolStats, Report
 from rollfleet.pool.leases import Lease, PoolRegistry
+from rollfleet.web.errors import error_response as web_error_response
+from rollfleet.web.serving import bearer_check
 
 T = TypeVar("T")
 
@@ -52,9 +53,9 @@ class ReleaseBody(Report):
 
 
 def error_response(exc: RollfleetError) -> JSONResponse:
-    """The JSON error body and status for a rollfleet error."""
-    status = next((code for cls, code in STATUS.items() if isinstance(exc, cls)), exc.status_code)
-    return JSONResponse({"error": type(exc).__name__, "message": exc.message}, status_code=status)
+    """The JSON error body and status for a rollfleet error (pool timeouts 504, pool errors 503)."""
+    status = next((code for cls, code in STATUS.items() if isinstance(exc, cls)), None)
+    return web_error_response(exc, status)
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[T], poll_s: float = 0.5) -> T:
@@ -132,15 +133,6 @@ def pool_router(registry: PoolRegistry) -> APIRouter:
     return router
 
 
-def bearer_auth(token: str | None) -> Any:
-    """A dependency refusing requests without ``Authorization: Bearer <token>`` (None: open)."""
-    async def check(request: Request) -> None:
-        given = request.headers.get("authorization", "")
-        if token is not None and not secrets.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            raise Unauthorized("missing or wrong bearer token")
-    return Depends(check)
-
-
 def pool_app(registry: PoolRegistry, *, token: str | None = None) -> FastAPI:
     """A standalone app serving ``registry`` under ``/pools`` (``rollfleet pool serve``)."""
     @asynccontextmanager
@@ -159,5 +151,5 @@ def pool_app(registry: PoolRegistry, *, token: str | None = None) -> FastAPI:
         where = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         return error_response(InvalidInput(where))
 
-    app.include_router(pool_router(registry), prefix="/pools", dependencies=[bearer_auth(token)])
+    app.include_router(pool_router(registry), prefix="/pools", dependencies=[Depends(bearer_check(token, "pool service"))])
     return app

@@ -33,7 +33,7 @@ from rollfleet.run.outputs import summarize, trajectory, write_outputs
 from rollfleet.run.progress import RunProgress
 from rollfleet.run.tasks import build_specs, load_tasks, run_key
 from rollfleet.runner.local import LocalFleet
-from rollfleet.store.base import Store
+from rollfleet.store.base import Store, read_all
 
 log = logging.getLogger("rollfleet.run")
 AGENT = "rollfleet.agents.loop:agent"
@@ -200,14 +200,8 @@ def _fleet(url: str, opts: RunOptions, llm_args: list[str]) -> LocalFleet:
 
 
 async def _terminal(store: Store, group: str) -> list[Rollout]:
-    found: list[Rollout] = []
-    cursor = None
-    while True:
-        page = await store.query_rollouts(status=list(TERMINAL_ROLLOUT), group_id=group, cursor=cursor, limit=500)
-        found += page.items
-        cursor = page.next_cursor
-        if cursor is None:
-            return found
+    return await read_all(lambda cursor: store.query_rollouts(status=list(TERMINAL_ROLLOUT), group_id=group,
+                                                              cursor=cursor, limit=500))
 
 
 async def _follow(store: Store, ids: set[str], group: str, seen: set[str], progress: RunProgress,
@@ -234,15 +228,9 @@ async def _follow(store: Store, ids: set[str], group: str, seen: set[str], progr
 
 
 async def _steps(store: Store, rollout: Rollout) -> list[Any]:
-    steps: list[Any] = []
-    cursor = None
     attempt = rollout.attempt.attempt_id if rollout.attempt else None
-    while True:
-        page = await store.query_steps(rollout.rollout_id, attempt_id=attempt, cursor=cursor, limit=500)
-        steps += page.items
-        cursor = page.next_cursor
-        if cursor is None:
-            return steps
+    return await read_all(lambda cursor: store.query_steps(rollout.rollout_id, attempt_id=attempt, cursor=cursor,
+                                                           limit=500))
 
 
 async def _write(store: Store, opts: RunOptions, ids: list[str], kept: set[str], wall: float,

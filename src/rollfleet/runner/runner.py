@@ -20,14 +20,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rollfleet.errors import ERRORS_BY_NAME, Conflict, NotFound, RollfleetError
+from rollfleet.errors import Conflict, NotFound, RollfleetError
 from rollfleet.model import (
-    AttemptStatus, Completion, CompletionOutcome, HeartbeatReply, Resources, Rollout, RolloutResult, WorkerStatus,
+    AttemptStatus,
+    Completion,
+    CompletionOutcome,
+    HeartbeatReply,
+    Resources,
+    Rollout,
+    RolloutResult,
+    WorkerStatus,
 )
 from rollfleet.runner.agent import AgentFn, agent_defaults, load_agent, to_result
 from rollfleet.runner.batching import NaturalBatcher
 from rollfleet.runner.context import RolloutContext
 from rollfleet.store.base import Store
+from rollfleet.web.errors import error_named
 
 log = logging.getLogger("rollfleet.runner")
 EventFn = Callable[..., None]
@@ -260,7 +268,7 @@ class Runner:
                 answer = await self._completions.submit(Completion(attempt_id=attempt_id, status=status,
                                                                    result=result, error=error))
                 if answer.rollout_status is None:
-                    raise ERRORS_BY_NAME.get(answer.error_type or "", RollfleetError)(answer.error or "refused")
+                    raise error_named(answer.error_type, answer.error or "refused")
                 self._count(status)
                 self.on_event("rollout_finished", worker_id=self.worker_id, rollout_id=live.rollout.rollout_id,
                               status=status.value, rollout_status=answer.rollout_status.value,

@@ -1,5 +1,5 @@
 """The control plane's HTTP service."""
 
-from rollfleet.server.app import bearer_auth, create_app, store_router
+from rollfleet.server.app import create_app, store_router
 
-__all__ = ["bearer_auth", "create_app", "store_router"]
+__all__ = ["create_app", "store_router"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -14,27 +13,10 @@ from fastapi import APIRouter
 
 from rollfleet.errors import StoreUnavailable
 from rollfleet.server.app import create_app
-from rollfleet.server.net import nodelay_http_protocol
 from rollfleet.store import open_sql_store
+from rollfleet.web.serving import check_bind, free_port, nodelay_http_protocol
 
 log = logging.getLogger("rollfleet.server")
-LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def check_bind(host: str, token: str | None) -> None:
-    """Refuse to serve on a non-loopback address without a bearer token."""
-    if host not in LOOPBACK and not token:
-        raise StoreUnavailable(
-            f"refusing to serve on {host} without a token: pass --token or set ROLLFLEET_TOKEN "
-            "(loopback addresses need none)"
-        )
 
 
 class ServerThread:

@@ -6,7 +6,16 @@ from typing import Any
 
 from pydantic import Field
 
-from rollfleet.model import AttemptStatus, Completion, Record, RolloutResult, RolloutSpec, RolloutStatus, StepIn, WorkerStatus
+from rollfleet.model import (
+    AttemptStatus,
+    Completion,
+    Record,
+    RolloutResult,
+    RolloutSpec,
+    RolloutStatus,
+    StepIn,
+    WorkerStatus,
+)
 
 
 class EnqueueMany(Record):

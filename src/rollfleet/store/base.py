@@ -5,13 +5,47 @@ Code above the store never knows which one it has; one contract suite tests them
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from rollfleet.model import (
-    Attempt, AttemptStatus, Completion, CompletionOutcome, HeartbeatReply, Page, ReapReport, Resources, Rollout, RolloutResult,
-    RolloutSpec, RolloutStatus, Statistics, Step, StepIn, Worker, WorkerStatus,
+    Attempt,
+    AttemptStatus,
+    Completion,
+    CompletionOutcome,
+    HeartbeatReply,
+    Page,
+    ReapReport,
+    Resources,
+    Rollout,
+    RolloutResult,
+    RolloutSpec,
+    RolloutStatus,
+    Statistics,
+    Step,
+    StepIn,
+    Worker,
+    WorkerStatus,
 )
+
+T = TypeVar("T")
+PageReader = Callable[[str | None], Awaitable[Page[T]]]
+
+
+async def iter_pages(read: PageReader[T]) -> AsyncIterator[list[T]]:
+    """Every page of a query in order, as lists of items: ``read(cursor)`` fetches one page."""
+    cursor: str | None = None
+    while True:
+        page = await read(cursor)
+        yield page.items
+        cursor = page.next_cursor
+        if cursor is None:
+            return
+
+
+async def read_all(read: PageReader[T]) -> list[T]:
+    """Every item of a query, walking its pages (see :func:`iter_pages`)."""
+    return [item async for items in iter_pages(read) for item in items]
 
 
 @runtime_checkable

@@ -19,9 +19,9 @@ from typing import Any
 
 import orjson
 
-from rollfleet.model import Rollout, RolloutStatus, TERMINAL_ROLLOUT
+from rollfleet.model import TERMINAL_ROLLOUT, Rollout, RolloutStatus
 from rollfleet.server.dashboard import views
-from rollfleet.store.base import Store
+from rollfleet.store.base import Store, iter_pages
 
 log = logging.getLogger("rollfleet.dashboard")
 
@@ -48,14 +48,11 @@ async def call_provider(fn: Provider | None) -> Any:
 async def load_history(store: Store, now: float) -> views.History:
     """Read the last hour's finished rollouts into a fresh History."""
     history = views.History()
-    cursor: str | None = None
-    while True:
-        page = await _query(store, status=list(TERMINAL_ROLLOUT), updated_after=now - views.HISTORY_S,
-                            cursor=cursor, limit=HISTORY_PAGE)
-        history.add(page.items, now)
-        cursor = page.next_cursor
-        if cursor is None:
-            return history
+    pages = iter_pages(lambda cursor: _query(store, status=list(TERMINAL_ROLLOUT), cursor=cursor,
+                                             updated_after=now - views.HISTORY_S, limit=HISTORY_PAGE))
+    async for items in pages:
+        history.add(items, now)
+    return history
 
 
 def knows_updated_after(store: Store) -> bool:
@@ -190,12 +187,10 @@ class LiveHub:
         since = (self._since or now) - OVERLAP_S
         self._since = now
         found: dict[str, Rollout] = {}
-        cursor: str | None = None
-        while len(found) <= MAX_CHANGED:
-            page = await _query(self.store, updated_after=since, cursor=cursor, limit=1000)
-            found.update((r.rollout_id, r) for r in page.items)
-            cursor = page.next_cursor
-            if cursor is None:
+        async for items in iter_pages(lambda cursor: _query(self.store, updated_after=since, cursor=cursor,
+                                                            limit=1000)):
+            found.update((r.rollout_id, r) for r in items)
+            if len(found) > MAX_CHANGED:
                 break
         return list(found.values())
 

@@ -26,7 +26,13 @@ from rollfleet.errors import InvalidInput, NotFound
 from rollfleet.model import RolloutStatus
 from rollfleet.server.app import as_json
 from rollfleet.server.dashboard import views
-from rollfleet.server.dashboard.live import EXTRA_SECTIONS, LiveHub, call_provider, load_history, sse
+from rollfleet.server.dashboard.live import (
+    EXTRA_SECTIONS,
+    LiveHub,
+    call_provider,
+    load_history,
+    sse,
+)
 from rollfleet.store.base import Store
 
 log = logging.getLogger("rollfleet.dashboard")
