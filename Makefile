@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench peers clean
+.PHONY: install demo test lint bench peers clean
 
 # llama-cpp-python has no wheel: we build one, once per machine, for x86-64-v3 (AVX2/FMA/F16C).
 # Never -march=native: on hosts with AMX a native build uses AMX tiles, which these VMs do not
@@ -33,6 +33,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra
+
+# ruff (rules and line length in pyproject.toml) and mypy --strict over the package.
+lint: $(STAMP)
+	$(BIN)/ruff check src
+	$(BIN)/ruff format --check src
+	$(BIN)/mypy src
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
