@@ -30,6 +30,7 @@ from rich.table import Table
 from rollfleet.model import AttemptStatus, RolloutResult, RolloutSpec
 from rollfleet.server.dashboard import dashboard_router, live
 from rollfleet.server.embedded import ServerThread
+from rollfleet.server.parts import ServerParts
 from rollfleet.store import open_sql_store
 
 RESULTS = Path(__file__).parent / "results" / "dashboard.json"
@@ -161,7 +162,7 @@ def main() -> dict[str, Any]:
             browser = pw.chromium.launch(executable_path=chromium, args=ARGS)
             version = browser.version
             for n in SIZES:
-                with ServerThread(f"sqlite:///{dbs[n]}", routers=lambda s: [("", dashboard_router(s))]) as srv:
+                with ServerThread(f"sqlite:///{dbs[n]}", parts=lambda s: ServerParts(routers=[("", dashboard_router(s))])) as srv:
                     figures[str(n)] = _measure_paint(browser, srv.url)
                     if n == max(SIZES):
                         figures["live"] = _measure_live(browser, srv.url)

@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import chromium_path, require
 
 from rollfleet.client import connect_sync
 from rollfleet.model import AttemptStatus, RolloutResult, RolloutStatus, StepIn
 from rollfleet.server.dashboard import dashboard_router
 from rollfleet.server.embedded import ServerThread
-from support import chromium_path, require
+from rollfleet.server.parts import ServerParts
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "docs" / "screenshots"
@@ -77,7 +78,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, extras: Extras) -> Iterator
     db = tmp_path_factory.mktemp("dash") / "fleet.db"
     providers = {"batches": extras.batches, "pools": extras.pools, "engines": extras.engines,
                  "abort_batch": extras.abort_batch}
-    with ServerThread(f"sqlite:///{db}", routers=lambda store: [("", dashboard_router(store, providers))]) as srv:
+    with ServerThread(f"sqlite:///{db}", parts=lambda store: ServerParts(routers=[("", dashboard_router(store, providers))])) as srv:
         yield srv
 
 
@@ -333,7 +334,7 @@ def test_pools_and_engines_page(server: ServerThread, page: Page) -> None:
 
 def test_pages_without_extras_say_none_configured(tmp_path: Path, page: Page) -> None:
     url = f"sqlite:///{tmp_path / 'bare.db'}"
-    with ServerThread(url, routers=lambda store: [("", dashboard_router(store))]) as srv:
+    with ServerThread(url, parts=lambda store: ServerParts(routers=[("", dashboard_router(store))])) as srv:
         page.goto(f"{srv.url}/#/batches")
         expect(page.locator("#batches-none")).to_have_text("No batches configured on this server.")
         page.goto(f"{srv.url}/#/pools")
@@ -346,7 +347,7 @@ def test_pages_without_extras_say_none_configured(tmp_path: Path, page: Page) ->
 
 def test_token_login_form_and_query_param(tmp_path: Path, browser: Browser) -> None:
     url = f"sqlite:///{tmp_path / 'auth.db'}"
-    with ServerThread(url, token="s3cret", routers=lambda store: [("", dashboard_router(store))]) as srv:
+    with ServerThread(url, token="s3cret", parts=lambda store: ServerParts(routers=[("", dashboard_router(store))])) as srv:
         context = browser.new_context()
         pg = context.new_page()
         pg.set_default_timeout(WAIT_MS)

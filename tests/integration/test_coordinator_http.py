@@ -16,6 +16,7 @@ from rollfleet.errors import Conflict, InvalidInput, NotFound
 from rollfleet.model import AttemptStatus, RolloutResult
 from rollfleet.server.app import create_app
 from rollfleet.server.embedded import ServerThread
+from rollfleet.server.parts import ServerParts
 from rollfleet.store.base import Store
 
 
@@ -100,11 +101,11 @@ async def test_coordinator_client_mirrors_the_python_api(app: tuple[Any, Store])
 def server(tmp_path: Path) -> Iterator[str]:
     """A real control plane on a port, with the coordinator mounted at /batches as `rollfleet serve` does."""
 
-    def routers(store: Store) -> list[tuple[str, Any]]:
+    def parts(store: Store) -> ServerParts:
         coordinator = RolloutCoordinator(store, experience_dir=tmp_path / "xp", poll_interval_s=0.05)
-        return [("/batches", coordinator_router(coordinator))]
+        return ServerParts(routers=[("/batches", coordinator_router(coordinator))])
 
-    with ServerThread(f"sqlite:///{tmp_path}/srv.db", routers=routers) as srv:
+    with ServerThread(f"sqlite:///{tmp_path}/srv.db", parts=parts) as srv:
         yield srv.url
 
 

@@ -16,6 +16,7 @@ from rollfleet.model import AttemptStatus, RolloutResult, RolloutSpec
 from rollfleet.server.dashboard import dashboard_router
 from rollfleet.server.dashboard.views import History
 from rollfleet.server.embedded import ServerThread
+from rollfleet.server.parts import ServerParts
 from rollfleet.store import open_sql_store
 
 TOKEN = "t0ken"
@@ -47,8 +48,8 @@ def recorder() -> Recorder:
 @pytest.fixture
 def server(tmp_path: Path, recorder: Recorder) -> Iterator[ServerThread]:
     extras = {"pools": recorder.pools, "engines": recorder.engines, "abort_batch": recorder.abort_batch}
-    routers = lambda store: [("", dashboard_router(store, extras))]  # noqa: E731
-    with ServerThread(f"sqlite:///{tmp_path / 'd.db'}", token=TOKEN, routers=routers) as srv:
+    parts = lambda store: ServerParts(routers=[("", dashboard_router(store, extras))])  # noqa: E731
+    with ServerThread(f"sqlite:///{tmp_path / 'd.db'}", token=TOKEN, parts=parts) as srv:
         yield srv
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support import require
 
 from rollfleet.client import HttpStore
+from rollfleet.compose import EngineOptions, control_plane_parts
 from rollfleet.engines.client import llm_client
 from rollfleet.model import AttemptStatus
 from rollfleet.server.embedded import ServerThread
-from rollfleet.server.extensions import EngineOptions
-from support import require
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.llamacpp]
 
@@ -31,7 +31,8 @@ def llama_available() -> bool:
 
 async def test_llm_calls_are_recorded_as_steps(tmp_path: Path) -> None:
     require(llama_available(), "llama-cpp-python and the bundled SmolLM2 model (rollfleet[llamacpp])")
-    server = ServerThread(f"sqlite:///{tmp_path}/g.db", engine=EngineOptions("llamacpp")).start(timeout=120)
+    server = ServerThread(f"sqlite:///{tmp_path}/g.db", parts=control_plane_parts(engine=EngineOptions("llamacpp"))).start(
+        timeout=120)
     try:
         store = HttpStore(server.url)
         await store.enqueue_rollout({"question": "2+2"}, "math")

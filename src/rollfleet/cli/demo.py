@@ -14,6 +14,7 @@ from rich.table import Table
 from rollfleet.cli.common import console
 from rollfleet.cli.fleet_view import FleetView
 from rollfleet.client import connect
+from rollfleet.compose import control_plane_parts
 from rollfleet.runner.local import LocalFleet
 from rollfleet.server.embedded import ServerThread
 from rollfleet.taskfile import read_specs
@@ -27,7 +28,7 @@ def demo(
     home.mkdir(parents=True, exist_ok=True)
     for suffix in ("", "-wal", "-shm"):
         Path(f"{home}/demo.db{suffix}").unlink(missing_ok=True)
-    with ServerThread(f"sqlite:///{home}/demo.db") as server:
+    with ServerThread(f"sqlite:///{home}/demo.db", parts=control_plane_parts()) as server:
         console.print(f"embedded store {home}/demo.db, control plane at {server.url}")
         asyncio.run(_demo(server.url, n))
 

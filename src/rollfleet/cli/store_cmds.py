@@ -43,7 +43,7 @@ def serve(
     """Run the control plane: HTTP API, reaper, dashboard."""
     import uvicorn
 
-    from rollfleet.server.extensions import EngineOptions, build_routers
+    from rollfleet.compose import EngineOptions, control_plane
     from rollfleet.store import open_sql_store
     from rollfleet.web.serving import check_bind, nodelay_http_protocol
 
@@ -59,8 +59,9 @@ def serve(
         if engine not in {k.value for k in EngineKind}:
             raise InvalidInput(f"--engine {engine!r}: choose one of {', '.join(k.value for k in EngineKind)}")
     options = None if engine is None else EngineOptions(engine, replicas, model, engine_url, token)
-    routers, on_startup, on_shutdown = build_routers(store, pools=pools, engine=options)
-    app = create_app(store, token=token, routers=routers, on_startup=on_startup, on_shutdown=on_shutdown)
+    parts = control_plane(store, pools=pools, engine=options)
+    app = create_app(store, token=token, routers=parts.routers, on_startup=parts.on_startup,
+                     on_shutdown=parts.on_shutdown)
     log.info("serving %s on http://%s:%d (auth %s)", url, host, port, "on" if token else "off")
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=False, timeout_graceful_shutdown=3,
                 http=nodelay_http_protocol())

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import signal
 import time
-from typing import Any
+from typing import cast
 
 import typer
 from rich.live import Live
@@ -14,7 +14,10 @@ from rich.live import Live
 from rollfleet.cli.common import StoreOpt, TokenOpt, console, store_url, token_of
 from rollfleet.cli.fleet_view import FleetView, summary_line
 from rollfleet.client import connect
+from rollfleet.compose import control_plane_parts
 from rollfleet.runner.agent import load_agent
+from rollfleet.runner.fleet import BACKENDS, Backend, FleetOptions, make_fleet
+from rollfleet.server.embedded import ServerThread
 
 
 def workers(
@@ -30,42 +33,28 @@ def workers(
 ) -> None:
     """Run N runners until interrupted; a runner that crashes is restarted with backoff."""
     load_agent(agent)  # a broken agent is one clear error now, not a stream of failed rollouts
-    if backend not in ("local", "ray"):
+    if backend not in BACKENDS:
         raise typer.BadParameter("--backend must be local or ray")
     url, tok = store_url(store), token_of(token)
     server = None
     if not url.startswith(("http://", "https://")):
-        from rollfleet.server.embedded import ServerThread
-
-        server = ServerThread(url, token=tok).start()
+        server = ServerThread(url, token=tok, parts=control_plane_parts()).start()
         console.print(f"control plane for {url} at {server.url}")
         url = server.url
     console.print(f"▶ Initializing {n} workers ({backend}, concurrency {concurrency}) — agent {agent}")
+    options = FleetOptions(url, agent, n=n, concurrency=concurrency, backend=cast(Backend, backend), token=tok,
+                           ray_address=ray_address, cpus_per_runner=cpus_per_runner, grace_s=grace_s,
+                           prefix=prefix)
     try:
-        asyncio.run(_run(url, tok, agent, n, concurrency, backend, ray_address, cpus_per_runner, grace_s, prefix))
+        asyncio.run(_run(options))
     finally:
         if server is not None:
             server.stop()
 
 
-def make_fleet(url: str, token: str | None, agent: str, n: int, concurrency: int, backend: str,
-               ray_address: str | None, cpus: float, grace_s: float, prefix: str, on_event: Any) -> Any:
-    """Build a local or Ray fleet with the same run()/stop() interface."""
-    if backend == "ray":
-        from rollfleet.runner.ray_fleet import RayFleet
-
-        return RayFleet(url, agent, n=n, concurrency=concurrency, token=token, address=ray_address,
-                        cpus_per_runner=cpus, prefix=prefix, grace_s=grace_s, on_event=on_event)
-    from rollfleet.runner.local import LocalFleet
-
-    return LocalFleet(url, agent, n=n, concurrency=concurrency, token=token, grace_s=grace_s, prefix=prefix,
-                      on_event=on_event)
-
-
-async def _run(url: str, token: str | None, agent: str, n: int, concurrency: int, backend: str,
-               ray_address: str | None, cpus: float, grace_s: float, prefix: str) -> None:
+async def _run(options: FleetOptions) -> None:
     view = FleetView(console)
-    fleet = make_fleet(url, token, agent, n, concurrency, backend, ray_address, cpus, grace_s, prefix, view.event)
+    fleet = make_fleet(options, view.event)
     loop = asyncio.get_running_loop()
     signals = {"n": 0}
 
@@ -77,7 +66,7 @@ async def _run(url: str, token: str | None, agent: str, n: int, concurrency: int
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
-    store = connect(url, token=token)
+    store = connect(options.store_url, token=options.token)
     started = time.monotonic()
     task = asyncio.create_task(fleet.run())
     try:
@@ -90,7 +79,7 @@ async def _run(url: str, token: str | None, agent: str, n: int, concurrency: int
         console.print(summary_line(await store.statistics(), started))
     finally:
         await store.close()
-    if getattr(fleet, "agent_error", None):
+    if fleet.agent_error:
         raise SystemExit(f"rollfleet: agent cannot start: {fleet.agent_error}")
 
 

@@ -26,6 +26,7 @@ from typing import Any
 from rich.console import Console
 
 from rollfleet.client import connect
+from rollfleet.compose import control_plane_parts
 from rollfleet.envs import EnvSpec, desktop_provider, get_mode
 from rollfleet.errors import AgentError, InvalidInput, RollfleetError
 from rollfleet.model import ACTIVE_ROLLOUT, TERMINAL_ROLLOUT, Rollout, RolloutStatus
@@ -33,6 +34,7 @@ from rollfleet.run.outputs import summarize, trajectory, write_outputs
 from rollfleet.run.progress import RunProgress
 from rollfleet.run.tasks import build_specs, load_tasks, run_key
 from rollfleet.runner.local import LocalFleet
+from rollfleet.server.embedded import ServerThread
 from rollfleet.store.base import Store, read_all
 
 log = logging.getLogger("rollfleet.run")
@@ -121,9 +123,8 @@ async def _control_plane(opts: RunOptions) -> AsyncIterator[str]:
     if opts.store is not None:
         yield opts.store
         return
-    from rollfleet.server.embedded import ServerThread
-
-    server = await asyncio.to_thread(ServerThread(f"sqlite:///{opts.output_dir.resolve()}/store.db").start)
+    server = ServerThread(f"sqlite:///{opts.output_dir.resolve()}/store.db", parts=control_plane_parts())
+    await asyncio.to_thread(server.start)
     try:
         yield server.url
     finally:

@@ -54,9 +54,9 @@ class RunProgress:
             self.rewards.append(rollout.result.reward)
 
     def stats(self) -> str:
-        """``reward 0.250 · failed 1``."""
+        """``mean reward 0.250 · failed 1``: the running mean over the rollouts finished so far."""
         mean = sum(self.rewards) / len(self.rewards) if self.rewards else 0.0
-        return f"reward {mean:.3f} · failed {self.failed}"
+        return f"mean reward {mean:.3f} · failed {self.failed}"
 
     def _refresh(self) -> None:
         self._progress.update(self._task, completed=self.done, stats=self.stats())
@@ -67,5 +67,7 @@ class RunProgress:
         self._refresh()
         if not self.console.is_terminal:
             reward = rollout.result.reward if rollout.result is not None else None
+            shown = "none" if reward is None else f"{reward:g}"
             self.console.print(f"[{self.done}/{self.total}] {rollout.rollout_id} {rollout.status.value} "
-                               f"reward={reward} · {self.stats()}", highlight=False, soft_wrap=True)
+                               f"this rollout's reward {shown} · {self.stats()}", highlight=False,
+                               soft_wrap=True)

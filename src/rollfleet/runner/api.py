@@ -5,18 +5,20 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from rollfleet.client import connect, default_store_url
-from rollfleet.errors import AgentError
+from rollfleet.errors import AgentError, InvalidInput
 from rollfleet.runner.agent import load_agent
+from rollfleet.runner.fleet import BACKENDS, Backend, FleetOptions, make_fleet
 from rollfleet.runner.runner import Runner
+from rollfleet.server.embedded import ServerThread
 
 
 class Fleet:
     """Runners working in the background; ``stop()`` drains them, ``join()`` waits for the end."""
 
-    def __init__(self, start: Callable[[asyncio.Event], Any], server: Any = None) -> None:
+    def __init__(self, start: Callable[[asyncio.Event], Any], server: ServerThread | None = None) -> None:
         self._loop = asyncio.new_event_loop()
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
@@ -62,15 +64,16 @@ class Fleet:
 
 def run_workers(agent: str | Callable[..., Any], store: str | None = None, *, n: int = 4, concurrency: int = 1,
                 backend: str = "thread", token: str | None = None, on_event: Callable[..., None] | None = None,
-                **fleet_options: Any) -> Fleet:
+                prefix: str = "worker", grace_s: float = 30.0, ray_address: str | None = None,
+                cpus_per_runner: float = 1.0) -> Fleet:
     """Start ``n`` runners of ``agent`` against a store: ``thread`` (in this process), ``local`` or ``ray``."""
     load_agent(agent)
     url = store or default_store_url()
     if backend == "thread":
         async def start(stop: asyncio.Event) -> None:
             st = connect(url, token=token)
-            runners = [Runner(st, agent, worker_id=f"{fleet_options.get('prefix', 'worker')}-{i}",
-                              concurrency=concurrency, on_event=on_event) for i in range(n)]
+            runners = [Runner(st, agent, worker_id=f"{prefix}-{i}", concurrency=concurrency, grace_s=grace_s,
+                              on_event=on_event) for i in range(n)]
             tasks = [asyncio.create_task(r.run()) for r in runners]
             await stop.wait()
             for r in runners:
@@ -79,19 +82,18 @@ def run_workers(agent: str | Callable[..., Any], store: str | None = None, *, n:
             await st.close()
 
         return Fleet(start)
+    if backend not in BACKENDS:
+        raise InvalidInput(f"backend {backend!r}: choose thread, {' or '.join(BACKENDS)}")
     if not isinstance(agent, str):
         raise AgentError("backend 'local' and 'ray' run agents in other processes: pass 'package.module:function'")
     server = None
     if not url.startswith(("http://", "https://")):
-        from rollfleet.server.embedded import ServerThread
-
         server = ServerThread(url, token=token).start()
         url = server.url
-    from rollfleet.cli.workers import make_fleet
-
-    fleet = make_fleet(url, token, agent, n, concurrency, backend, fleet_options.get("ray_address"),
-                       fleet_options.get("cpus_per_runner", 1.0), fleet_options.get("grace_s", 30.0),
-                       fleet_options.get("prefix", "worker"), on_event or (lambda e: None))
+    options = FleetOptions(url, agent, n=n, concurrency=concurrency, backend=cast(Backend, backend),
+                           token=token, ray_address=ray_address, cpus_per_runner=cpus_per_runner,
+                           grace_s=grace_s, prefix=prefix)
+    fleet = make_fleet(options, on_event)
 
     async def start_fleet(stop: asyncio.Event) -> None:
         task = asyncio.create_task(fleet.run())

@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable
 
 import uvicorn
-from fastapi import APIRouter
 
 from rollfleet.errors import StoreUnavailable
 from rollfleet.server.app import create_app
+from rollfleet.server.parts import PartsFactory, dashboard_only
 from rollfleet.store import open_sql_store
 from rollfleet.web.serving import check_bind, free_port, nodelay_http_protocol
 
@@ -23,19 +22,17 @@ class ServerThread:
     """A uvicorn server for a store URL, on its own thread and event loop."""
 
     def __init__(self, store_url: str, *, host: str = "127.0.0.1", port: int | None = None,
-                 token: str | None = None, routers: Callable[[Any], Sequence[tuple[str, APIRouter]]] | None = None,
-                 log_level: str = "warning", clock: Callable[[], float] | None = None,
-                 engine: Any = None) -> None:
+                 token: str | None = None, parts: PartsFactory = dashboard_only,
+                 log_level: str = "warning", clock: Callable[[], float] | None = None) -> None:
         check_bind(host, token)
         self.host = host
         self.port = port or free_port(host)
         self.url = f"http://{host}:{self.port}"
         self._store_url = store_url
         self._token = token
-        self._routers = routers
+        self._parts = parts
         self._log_level = log_level
         self._clock = clock
-        self._engine = engine  # extensions.EngineOptions: start engines behind a /v1 gateway
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -58,14 +55,9 @@ class ServerThread:
 
     async def _main(self) -> None:
         store = open_sql_store(self._store_url, clock=self._clock)
-        if self._routers is not None:
-            routers, on_startup, on_shutdown = list(self._routers(store)), [], []
-        else:
-            from rollfleet.server.extensions import build_routers
-
-            routers, on_startup, on_shutdown = build_routers(store, engine=self._engine)
-        app = create_app(store, token=self._token, routers=routers, on_startup=on_startup,
-                         on_shutdown=on_shutdown)
+        parts = self._parts(store)
+        app = create_app(store, token=self._token, routers=parts.routers, on_startup=parts.on_startup,
+                         on_shutdown=parts.on_shutdown)
         config = uvicorn.Config(app, host=self.host, port=self.port, log_level=self._log_level,
                                 access_log=False, lifespan="on", timeout_graceful_shutdown=3,
                                 http=nodelay_http_protocol())

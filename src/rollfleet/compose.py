@@ -1,0 +1,103 @@
+"""The whole control plane of ``rollfleet serve``: the store API plus batches, pools and engines.
+
+This is composition, so it lives at the top, beside the CLI: the service layer (``server/``) knows
+only :class:`~rollfleet.server.parts.ServerParts`, and every part wired here (the batch coordinator,
+hosted pools, the engines behind an OpenAI-compatible gateway) sits above it. Each part is optional;
+the dashboard's side panels show whatever is mounted, and "none configured" otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rollfleet.server.parts import PartsFactory, ServerParts
+from rollfleet.store.base import Store
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Which engines ``rollfleet serve`` starts behind its OpenAI-compatible gateway (``/v1``)."""
+
+    kind: str
+    replicas: int = 1
+    model: str | None = None
+    url: str | None = None
+    token: str | None = None
+
+
+def mount_gateway(store: Store, options: EngineOptions, parts: ServerParts, extras: dict[str, Any]) -> None:
+    """Mount the gateway now; start its engines when the app starts. Each LLM call becomes a Step."""
+    from rollfleet.engines.factory import make_engine
+    from rollfleet.engines.gateway import Gateway
+    from rollfleet.engines.gateway_app import gateway_router
+    from rollfleet.model import StepIn
+
+    async def record(rollout_id: str, attempt_id: str, step: StepIn) -> None:
+        await store.add_steps(attempt_id, [step])
+
+    gateway = Gateway(record)
+
+    async def start_engines() -> None:
+        for index in range(options.replicas):
+            engine = make_engine(options.kind, model=options.model, url=options.url, index=index)
+            await engine.start()
+            gateway.add_replica(engine)
+
+    parts.routers.append(("", gateway_router(gateway, options.token)))
+    parts.on_startup.append(start_engines)
+    parts.on_shutdown.append(gateway.close)
+    extras["engines"] = gateway.replicas
+
+
+def mount_pools(config: Path, parts: ServerParts, extras: dict[str, Any]) -> None:
+    """Host the pools of a config file under ``/pools``."""
+    from rollfleet.pool import load_registry, pool_router
+
+    registry = load_registry(config)
+    parts.routers.append(("/pools", pool_router(registry)))
+    parts.on_shutdown.append(registry.close)
+    extras["pools"] = lambda: [s.model_dump(mode="json") for s in registry.stats()]
+
+
+def mount_batches(store: Store, parts: ServerParts, extras: dict[str, Any]) -> None:
+    """Serve the batch coordinator under ``/batches``; persisted batches resume as the server starts."""
+    from rollfleet.coordinator import RolloutCoordinator
+    from rollfleet.coordinator.service import coordinator_router
+
+    coordinator = RolloutCoordinator(store)
+    parts.routers.append(("/batches", coordinator_router(coordinator)))
+    parts.on_startup.append(coordinator.prepare)
+    parts.on_shutdown.append(coordinator.shutdown)
+
+    async def batches() -> list[dict[str, Any]]:
+        return [{**b.model_dump(mode="json", exclude={"carry_pool", "included", "statuses"}),
+                 "completed_task_count": b.completed_task_count} for b in await coordinator.list_batches()]
+
+    async def abort_batch(batch_id: str, reason: str) -> Any:
+        return await coordinator.abort_batch(batch_id, reason=reason)
+
+    extras.setdefault("batches", batches)
+    extras.setdefault("abort_batch", abort_batch)
+
+
+def control_plane(store: Store, *, pools: Path | None = None, engine: EngineOptions | None = None,
+                  extras: dict[str, Any] | None = None) -> ServerParts:
+    """Every part of ``rollfleet serve`` over ``store``: engines and pools when given, batches, dashboard."""
+    from rollfleet.server.dashboard import dashboard_router
+
+    parts = ServerParts()
+    extras = dict(extras or {})
+    if engine is not None:
+        mount_gateway(store, engine, parts, extras)
+    if pools is not None:
+        mount_pools(pools, parts, extras)
+    mount_batches(store, parts, extras)
+    parts.routers.append(("", dashboard_router(store, extras)))
+    return parts
+
+
+def control_plane_parts(*, pools: Path | None = None, engine: EngineOptions | None = None) -> PartsFactory:
+    """:func:`control_plane` as a factory for an embedded server (``ServerThread(parts=…)``)."""
+    return lambda store: control_plane(store, pools=pools, engine=engine)

@@ -1,0 +1,54 @@
+"""Fleet construction: one frozen record of options, one function that builds a local or Ray fleet."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+Backend = Literal["local", "ray"]
+BACKENDS: tuple[Backend, ...] = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class FleetOptions:
+    """What a fleet of runner processes needs: where the store is, which agent, how many, where."""
+
+    store_url: str
+    agent: str
+    n: int = 4
+    concurrency: int = 1
+    backend: Backend = "local"
+    token: str | None = None
+    ray_address: str | None = None
+    cpus_per_runner: float = 1.0
+    grace_s: float = 30.0
+    prefix: str = "worker"
+
+
+class RunnerFleet(Protocol):
+    """What every fleet offers: ``run()`` until stopped, ``stop()`` to drain, the agent's start error."""
+
+    agent_error: str | None
+
+    async def run(self) -> None:
+        """Run the runners until stopped."""
+
+    def stop(self) -> None:
+        """Drain every runner: running rollouts finish, the rest go back to the queue."""
+
+
+def make_fleet(options: FleetOptions, on_event: Callable[[dict[str, Any]], None] | None = None) -> RunnerFleet:
+    """A local (processes) or Ray (actors) fleet for ``options``, reporting events to ``on_event``."""
+    if options.backend == "ray":
+        from rollfleet.runner.ray_fleet import RayFleet
+
+        return RayFleet(options.store_url, options.agent, n=options.n, concurrency=options.concurrency,
+                        token=options.token, address=options.ray_address,
+                        cpus_per_runner=options.cpus_per_runner, prefix=options.prefix,
+                        grace_s=options.grace_s, on_event=on_event)
+    from rollfleet.runner.local import LocalFleet
+
+    return LocalFleet(options.store_url, options.agent, n=options.n, concurrency=options.concurrency,
+                      token=options.token, grace_s=options.grace_s, prefix=options.prefix,
+                      on_event=on_event)

@@ -1,0 +1,36 @@
+"""What a control plane mounts beside the store API: routers under prefixes, start and stop hooks.
+
+The service layer knows only this shape; the composition of a whole ``rollfleet serve`` (batches,
+pools, engines) happens above it, in :mod:`rollfleet.compose`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import APIRouter
+
+from rollfleet.store.base import Store
+
+Hook = Callable[[], Awaitable[Any] | Any]
+
+
+@dataclass
+class ServerParts:
+    """Routers to mount as ``(prefix, router)`` and hooks run as the app starts and stops."""
+
+    routers: list[tuple[str, APIRouter]] = field(default_factory=list)
+    on_startup: list[Hook] = field(default_factory=list)
+    on_shutdown: list[Hook] = field(default_factory=list)
+
+
+PartsFactory = Callable[[Store], ServerParts]
+
+
+def dashboard_only(store: Store) -> ServerParts:
+    """The parts of a plain control plane: the dashboard, with no pools, engines or batches panels."""
+    from rollfleet.server.dashboard import dashboard_router
+
+    return ServerParts(routers=[("", dashboard_router(store, {}))])
