@@ -33,7 +33,9 @@ def worker_command(py: str, impl: str, url: str, op: str, *flags: str, **kw: Any
     argv = [py, WORKER, "--impl", impl, "--url", url, "--op", op, "--seconds", str(SECONDS), *flags]
     for k, v in kw.items():
         argv += [f"--{k}", str(v)]
-    return argv, {**os.environ, "PYTHONPATH": str(ROOT)}
+    # a PYTHONPATH already set comes first: bench/refactor_ab.py points it at another tree's src/
+    path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p)
+    return argv, {**os.environ, "PYTHONPATH": path}
 
 
 def client(py: str, impl: str, url: str, op: str, **kw: Any) -> dict[str, Any]:
