@@ -27,8 +27,10 @@ class EngineOptions:
     token: str | None = None
 
 
-def mount_gateway(store: Store, options: EngineOptions, parts: ServerParts, extras: dict[str, Any]) -> None:
-    """Mount the gateway now; start its engines when the app starts. Each LLM call becomes a Step."""
+def mount_gateway(
+    store: Store, options: EngineOptions, parts: ServerParts, extras: dict[str, Any]
+) -> None:
+    """Mount the gateway now, start its engines as the app starts; each LLM call becomes a Step."""
     from rollfleet.engines.factory import make_engine
     from rollfleet.engines.gateway import Gateway
     from rollfleet.engines.gateway_app import gateway_router
@@ -62,7 +64,7 @@ def mount_pools(config: Path, parts: ServerParts, extras: dict[str, Any]) -> Non
 
 
 def mount_batches(store: Store, parts: ServerParts, extras: dict[str, Any]) -> None:
-    """Serve the batch coordinator under ``/batches``; persisted batches resume as the server starts."""
+    """Serve the batch coordinator at ``/batches``; persisted batches resume as the app starts."""
     from rollfleet.coordinator import RolloutCoordinator
     from rollfleet.coordinator.service import coordinator_router
 
@@ -72,8 +74,13 @@ def mount_batches(store: Store, parts: ServerParts, extras: dict[str, Any]) -> N
     parts.on_shutdown.append(coordinator.shutdown)
 
     async def batches() -> list[dict[str, Any]]:
-        return [{**b.model_dump(mode="json", exclude={"carry_pool", "included", "statuses"}),
-                 "completed_task_count": b.completed_task_count} for b in await coordinator.list_batches()]
+        return [
+            {
+                **b.model_dump(mode="json", exclude={"carry_pool", "included", "statuses"}),
+                "completed_task_count": b.completed_task_count,
+            }
+            for b in await coordinator.list_batches()
+        ]
 
     async def abort_batch(batch_id: str, reason: str) -> Any:
         return await coordinator.abort_batch(batch_id, reason=reason)
@@ -82,9 +89,14 @@ def mount_batches(store: Store, parts: ServerParts, extras: dict[str, Any]) -> N
     extras.setdefault("abort_batch", abort_batch)
 
 
-def control_plane(store: Store, *, pools: Path | None = None, engine: EngineOptions | None = None,
-                  extras: dict[str, Any] | None = None) -> ServerParts:
-    """Every part of ``rollfleet serve`` over ``store``: engines and pools when given, batches, dashboard."""
+def control_plane(
+    store: Store,
+    *,
+    pools: Path | None = None,
+    engine: EngineOptions | None = None,
+    extras: dict[str, Any] | None = None,
+) -> ServerParts:
+    """Every part of ``rollfleet serve``: engines and pools when given, batches, the dashboard."""
     from rollfleet.server.dashboard import dashboard_router
 
     parts = ServerParts()
@@ -98,6 +110,8 @@ def control_plane(store: Store, *, pools: Path | None = None, engine: EngineOpti
     return parts
 
 
-def control_plane_parts(*, pools: Path | None = None, engine: EngineOptions | None = None) -> PartsFactory:
+def control_plane_parts(
+    *, pools: Path | None = None, engine: EngineOptions | None = None
+) -> PartsFactory:
     """:func:`control_plane` as a factory for an embedded server (``ServerThread(parts=…)``)."""
     return lambda store: control_plane(store, pools=pools, engine=engine)

@@ -9,8 +9,13 @@ import typer
 
 from rollfleet.errors import RollfleetError
 
-app = typer.Typer(name="rollfleet", help="Durable, fast rollouts for LLM agents.", no_args_is_help=True,
-                  pretty_exceptions_enable=False, add_completion=False)
+app = typer.Typer(
+    name="rollfleet",
+    help="Durable, fast rollouts for LLM agents.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
 
 
 def _register() -> None:
@@ -30,8 +35,11 @@ def _register() -> None:
 
 def main() -> None:
     """Run the rollfleet command line; a user mistake is one line on stderr, not a traceback."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
     logging.getLogger("httpx").setLevel(logging.WARNING)
     _register()
     try:

@@ -24,10 +24,16 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
 
 def print_summary(summary: dict[str, Any]) -> None:
     """The summary as a table."""
-    table = Table(title=f"--mode {summary['mode']}: {summary['rollouts']} rollouts in {summary['wall_s']:.1f}s")
+    table = Table(
+        title=(
+            f"--mode {summary['mode']}: {summary['rollouts']} rollouts in {summary['wall_s']:.1f}s"
+        )
+    )
     table.add_column("metric")
     table.add_column("value", justify="right")
-    table.add_row("run now / kept from before", f"{summary['ran_now']} / {summary['kept_from_before']}")
+    table.add_row(
+        "run now / kept from before", f"{summary['ran_now']} / {summary['kept_from_before']}"
+    )
     for status, count in sorted(summary["counts"].items()):
         table.add_row(f"status {status}", str(count))
     reward = summary["reward"]
@@ -35,9 +41,14 @@ def print_summary(summary: dict[str, Any]) -> None:
     table.add_row("accuracy (correct)", _fmt(summary["accuracy"]))
     for name, value in (summary.get("pass_at_k") or {}).items():
         table.add_row(name, _fmt(value))
-    table.add_row("latency p50 / p95 (s)", f"{_fmt(summary['latency_s']['p50'], '.2f')} / "
-                                           f"{_fmt(summary['latency_s']['p95'], '.2f')}")
-    table.add_row("tokens prompt / completion", f"{summary['tokens']['prompt']} / {summary['tokens']['completion']}")
+    table.add_row(
+        "latency p50 / p95 (s)",
+        f"{_fmt(summary['latency_s']['p50'], '.2f')} / {_fmt(summary['latency_s']['p95'], '.2f')}",
+    )
+    table.add_row(
+        "tokens prompt / completion",
+        f"{summary['tokens']['prompt']} / {summary['tokens']['completion']}",
+    )
     table.add_row("completion tokens/s", _fmt(summary["tokens_per_s"], ".1f"))
     console.print(table)
 
@@ -45,33 +56,61 @@ def print_summary(summary: dict[str, Any]) -> None:
 def run_command(
     mode: str = typer.Option(..., "--mode", help=f"environment: {', '.join(MODES)}"),
     data: str = typer.Option(..., "--data", help="tasks: a .jsonl file, or a .json list"),
-    num_rollouts: int = typer.Option(5, "--num-rollouts", help="N: rollout processes running at once"),
-    num_vms: int = typer.Option(3, "--num-vms", help="M: pool size with --use-vm-pool (osworld, py)"),
-    use_vm_pool: bool = typer.Option(False, "--use-vm-pool", help="N rollouts share M environments"),
-    model: str = typer.Option(None, "--model", help="a GGUF for the llama.cpp engine (default: bundled "
-                                                    "SmolLM2-135M), or the model name with --engine"),
-    engine: str = typer.Option(None, "--engine", help="an OpenAI-compatible base URL to use instead of "
-                                                      "starting llama.cpp"),
+    num_rollouts: int = typer.Option(
+        5, "--num-rollouts", help="N: rollout processes running at once"
+    ),
+    num_vms: int = typer.Option(
+        3, "--num-vms", help="M: pool size with --use-vm-pool (osworld, py)"
+    ),
+    use_vm_pool: bool = typer.Option(
+        False, "--use-vm-pool", help="N rollouts share M environments"
+    ),
+    model: str = typer.Option(
+        None,
+        "--model",
+        help="a GGUF for the llama.cpp engine (default: bundled "
+        "SmolLM2-135M), or the model name with --engine",
+    ),
+    engine: str = typer.Option(
+        None, "--engine", help="an OpenAI-compatible base URL to use instead of starting llama.cpp"
+    ),
     max_turns: int = typer.Option(100, "--max-turns", help="turns per rollout"),
-    max_retries: int = typer.Option(3, "--max-retries", help="retries per turn (engine errors, unreadable calls)"),
-    samples_per_task: int = typer.Option(1, "--samples-per-task", help="K rollouts per task (pass@K)"),
-    output_dir: str = typer.Option(DEFAULT_OUTPUT, "--output-dir", help="trajectories, summary, store"),
+    max_retries: int = typer.Option(
+        3, "--max-retries", help="retries per turn (engine errors, unreadable calls)"
+    ),
+    samples_per_task: int = typer.Option(
+        1, "--samples-per-task", help="K rollouts per task (pass@K)"
+    ),
+    output_dir: str = typer.Option(
+        DEFAULT_OUTPUT, "--output-dir", help="trajectories, summary, store"
+    ),
     max_tokens: int = typer.Option(256, "--max-tokens", help="tokens per model reply"),
     temperature: float = typer.Option(0.7, "--temperature"),
     limit: int = typer.Option(None, "--limit", help="only the first LIMIT tasks"),
-    store: str = typer.Option(None, "--store", help="an existing control plane: only enqueue and follow"),
-    token: str = typer.Option(None, "--token", envvar="ROLLFLEET_TOKEN", help="bearer token for --store"),
+    store: str = typer.Option(
+        None, "--store", help="an existing control plane: only enqueue and follow"
+    ),
+    token: str = typer.Option(
+        None, "--token", envvar="ROLLFLEET_TOKEN", help="bearer token for --store"
+    ),
     path_to_vm: str = typer.Option(None, "--path-to-vm", help="osworld: the VM image (.vmx …)"),
-    provider_name: str = typer.Option("vmware", "--provider-name", help="osworld: vmware, virtualbox, docker, aws"),
-    action_space: str = typer.Option("pyautogui", "--action-space", help="osworld: computer_13 or pyautogui"),
+    provider_name: str = typer.Option(
+        "vmware", "--provider-name", help="osworld: vmware, virtualbox, docker, aws"
+    ),
+    action_space: str = typer.Option(
+        "pyautogui", "--action-space", help="osworld: computer_13 or pyautogui"
+    ),
     screen_width: int = typer.Option(1920, "--screen-width"),
     screen_height: int = typer.Option(1080, "--screen-height"),
     headless: bool = typer.Option(False, "--headless"),
     snapshot_name: str = typer.Option("init_state", "--snapshot-name"),
     client_password: str = typer.Option("password", "--client-password"),
-    engine_per_runner: bool = typer.Option(False, "--engine-per-runner",
-                                           help="each runner process loads its own llama.cpp model (the seed's "
-                                                "design, no shared batching; for comparisons)"),
+    engine_per_runner: bool = typer.Option(
+        False,
+        "--engine-per-runner",
+        help="each runner process loads its own llama.cpp model (the seed's "
+        "design, no shared batching; for comparisons)",
+    ),
     verbose: bool = typer.Option(False, "--verbose", help="log every lifecycle event"),
 ) -> None:
     """Run every task of --data in --mode with N parallel rollouts; resumable; writes OUTPUT/."""
@@ -79,23 +118,49 @@ def run_command(
         logging.getLogger("rollfleet").setLevel(logging.WARNING)
     if mode not in MODES:
         raise InvalidInput(f"--mode {mode!r}: choose one of {', '.join(MODES)}")
-    desktop = {"path_to_vm": path_to_vm, "provider_name": provider_name, "action_space": action_space,
-               "screen_width": screen_width, "screen_height": screen_height, "headless": headless,
-               "snapshot_name": snapshot_name, "client_password": client_password}
-    opts = RunOptions(mode=mode, data=Path(data), num_rollouts=num_rollouts, num_vms=num_vms, use_vm_pool=use_vm_pool,
-                      model=model, engine=engine, max_turns=max_turns, max_retries=max_retries,
-                      samples_per_task=samples_per_task, output_dir=Path(output_dir), max_tokens=max_tokens,
-                      temperature=temperature, limit=limit, store=store, token=token, desktop=desktop,
-                      engine_per_runner=engine_per_runner)
+    desktop = {
+        "path_to_vm": path_to_vm,
+        "provider_name": provider_name,
+        "action_space": action_space,
+        "screen_width": screen_width,
+        "screen_height": screen_height,
+        "headless": headless,
+        "snapshot_name": snapshot_name,
+        "client_password": client_password,
+    }
+    opts = RunOptions(
+        mode=mode,
+        data=Path(data),
+        num_rollouts=num_rollouts,
+        num_vms=num_vms,
+        use_vm_pool=use_vm_pool,
+        model=model,
+        engine=engine,
+        max_turns=max_turns,
+        max_retries=max_retries,
+        samples_per_task=samples_per_task,
+        output_dir=Path(output_dir),
+        max_tokens=max_tokens,
+        temperature=temperature,
+        limit=limit,
+        store=store,
+        token=token,
+        desktop=desktop,
+        engine_per_runner=engine_per_runner,
+    )
     try:
         summary = asyncio.run(run(opts, console))
     except KeyboardInterrupt:
-        console.print("interrupted: finished rollouts are kept in the store; run the same command to resume",
-                      soft_wrap=True)
+        console.print(
+            "interrupted: finished rollouts are kept in the store; run the same command to resume",
+            soft_wrap=True,
+        )
         raise typer.Exit(130) from None
     print_summary(summary)
-    console.print(f"wrote {opts.output_dir / 'trajectories.jsonl'} and {opts.output_dir / 'summary.json'}",
-                  soft_wrap=True)
+    console.print(
+        f"wrote {opts.output_dir / 'trajectories.jsonl'} and {opts.output_dir / 'summary.json'}",
+        soft_wrap=True,
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -29,14 +29,24 @@ log = logging.getLogger("rollfleet.server")
 
 
 def serve(
-    db: str = typer.Option(None, "--db", help="sqlite:///path.db (default: the embedded store) or postgresql://…"),
+    db: str = typer.Option(
+        None, "--db", help="sqlite:///path.db (default: the embedded store) or postgresql://…"
+    ),
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8300, "--port"),
-    token: str = TokenOpt,
-    pools: Path = typer.Option(None, "--pools", help="pool config file to host pools in the control plane"),
-    engine: str = typer.Option(None, "--engine", help="serve an OpenAI-compatible gateway at /v1 over this engine: "
-                                                     "llamacpp, hf, openai, vllm, sglang"),
-    engine_url: str = typer.Option(None, "--engine-url", help="base URL of an OpenAI-compatible server (--engine openai)"),
+    token: str | None = TokenOpt,
+    pools: Path = typer.Option(
+        None, "--pools", help="pool config file to host pools in the control plane"
+    ),
+    engine: str = typer.Option(
+        None,
+        "--engine",
+        help="serve an OpenAI-compatible gateway at /v1 over this engine: "
+        "llamacpp, hf, openai, vllm, sglang",
+    ),
+    engine_url: str = typer.Option(
+        None, "--engine-url", help="base URL of an OpenAI-compatible server (--engine openai)"
+    ),
     model: str = typer.Option(None, "--model", help="model name or path for the engine"),
     replicas: int = typer.Option(1, "--replicas", min=1, help="engine replicas behind the gateway"),
 ) -> None:
@@ -57,21 +67,36 @@ def serve(
         from rollfleet.engines.factory import EngineKind
 
         if engine not in {k.value for k in EngineKind}:
-            raise InvalidInput(f"--engine {engine!r}: choose one of {', '.join(k.value for k in EngineKind)}")
+            raise InvalidInput(
+                f"--engine {engine!r}: choose one of {', '.join(k.value for k in EngineKind)}"
+            )
     options = None if engine is None else EngineOptions(engine, replicas, model, engine_url, token)
     parts = control_plane(store, pools=pools, engine=options)
-    app = create_app(store, token=token, routers=parts.routers, on_startup=parts.on_startup,
-                     on_shutdown=parts.on_shutdown)
+    app = create_app(
+        store,
+        token=token,
+        routers=parts.routers,
+        on_startup=parts.on_startup,
+        on_shutdown=parts.on_shutdown,
+    )
     log.info("serving %s on http://%s:%d (auth %s)", url, host, port, "on" if token else "off")
-    uvicorn.run(app, host=host, port=port, log_level="info", access_log=False, timeout_graceful_shutdown=3,
-                http=nodelay_http_protocol())
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level="info",
+        access_log=False,
+        timeout_graceful_shutdown=3,
+        http=nodelay_http_protocol(),
+    )
 
 
 def enqueue(
     file: Path = typer.Argument(..., help="tasks: .jsonl (one object per line) or .json (a list)"),
     mode: str = typer.Option(None, "--mode", help="mode for tasks that do not name one"),
     batch_id: str = typer.Option(None, "--batch", help="tag every rollout with this batch id"),
-    store: str = StoreOpt, token: str = TokenOpt,
+    store: str = StoreOpt,
+    token: str = TokenOpt,
 ) -> None:
     """Queue every task of a file; a bad line names file:line and field, and nothing is queued."""
     extra: dict[str, Any] = {"batch_id": batch_id} if batch_id else {}
@@ -85,11 +110,18 @@ def enqueue(
 
 
 def requeue(
-    status: list[RolloutStatus] = typer.Option([RolloutStatus.PREPARING], "--status", case_sensitive=False,
-                                               help="which stuck statuses to reset (preparing, running)"),
-    older_than: float = typer.Option(0.0, "--older-than", help="only those unchanged for this many seconds"),
+    status: list[RolloutStatus] = typer.Option(
+        [RolloutStatus.PREPARING],
+        "--status",
+        case_sensitive=False,
+        help="which stuck statuses to reset (preparing, running)",
+    ),
+    older_than: float = typer.Option(
+        0.0, "--older-than", help="only those unchanged for this many seconds"
+    ),
     ids: list[str] = typer.Option(None, "--id", help="only these rollout ids"),
-    store: str = StoreOpt, token: str = TokenOpt,
+    store: str = StoreOpt,
+    token: str = TokenOpt,
 ) -> None:
     """Put stuck rollouts back in the queue (their current attempt is marked LOST)."""
 
@@ -102,7 +134,9 @@ def requeue(
         console.print(f"  {rid}")
 
 
-def cancel(rollout_id: str = typer.Argument(...), store: str = StoreOpt, token: str = TokenOpt) -> None:
+def cancel(
+    rollout_id: str = typer.Argument(...), store: str = StoreOpt, token: str = TokenOpt
+) -> None:
     """Cancel a rollout that has not finished."""
 
     async def go(s: Store) -> Any:
@@ -124,8 +158,14 @@ def status(store: str = StoreOpt, token: str = TokenOpt) -> None:
     for col in ("worker", "status", "running", "succeeded", "failed", "last heartbeat"):
         wt.add_column(col)
     for w in workers:
-        wt.add_row(w.worker_id, w.status.value.upper(), str(len(w.current_attempts)), str(w.rollouts_succeeded),
-                   str(w.rollouts_failed), fmt_age(now - w.last_heartbeat_at) + " ago")
+        wt.add_row(
+            w.worker_id,
+            w.status.value.upper(),
+            str(len(w.current_attempts)),
+            str(w.rollouts_succeeded),
+            str(w.rollouts_failed),
+            fmt_age(now - w.last_heartbeat_at) + " ago",
+        )
     console.print(wt)
     rt = Table(title=f"Rollouts ({stats.total_rollouts})")
     for col in ("status", "count"):
@@ -147,15 +187,19 @@ def status(store: str = StoreOpt, token: str = TokenOpt) -> None:
 
 def rollouts(
     status: list[RolloutStatus] = typer.Option(None, "--status", case_sensitive=False),
-    mode: str = typer.Option(None, "--mode"), batch_id: str = typer.Option(None, "--batch"),
-    limit: int = typer.Option(20, "--limit"), as_json: bool = typer.Option(False, "--json"),
-    store: str = StoreOpt, token: str = TokenOpt,
+    mode: str = typer.Option(None, "--mode"),
+    batch_id: str = typer.Option(None, "--batch"),
+    limit: int = typer.Option(20, "--limit"),
+    as_json: bool = typer.Option(False, "--json"),
+    store: str = StoreOpt,
+    token: str = TokenOpt,
 ) -> None:
     """List rollouts, newest first (``--json``: one JSON object per line)."""
 
     async def go(s: Store) -> Any:
-        return await s.query_rollouts(status=status or None, mode=mode, batch_id=batch_id, limit=limit,
-                                      order="desc")
+        return await s.query_rollouts(
+            status=status or None, mode=mode, batch_id=batch_id, limit=limit, order="desc"
+        )
 
     page = run(with_store(store, token, go))
     if as_json:
@@ -169,8 +213,15 @@ def rollouts(
     for r in page.items:
         reward = "-" if r.result is None or r.result.reward is None else f"{r.result.reward:.3f}"
         worker = r.attempt.worker_id if r.attempt and r.attempt.worker_id else "-"
-        table.add_row(r.rollout_id, r.status.value.upper(), r.mode or "-", worker, str(r.num_attempts), reward,
-                      fmt_age(now - r.created_at))
+        table.add_row(
+            r.rollout_id,
+            r.status.value.upper(),
+            r.mode or "-",
+            worker,
+            str(r.num_attempts),
+            reward,
+            fmt_age(now - r.created_at),
+        )
     console.print(table)
 
 

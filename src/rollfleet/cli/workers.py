@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import signal
 import time
-from typing import cast
 
 import typer
 from rich.live import Live
@@ -16,7 +15,7 @@ from rollfleet.cli.fleet_view import FleetView, summary_line
 from rollfleet.client import connect
 from rollfleet.compose import control_plane_parts
 from rollfleet.runner.agent import load_agent
-from rollfleet.runner.fleet import BACKENDS, Backend, FleetOptions, make_fleet
+from rollfleet.runner.fleet import BACKENDS, FleetOptions, make_fleet
 from rollfleet.server.embedded import ServerThread
 
 
@@ -25,11 +24,18 @@ def workers(
     agent: str = typer.Option(..., "--agent", help="package.module:function"),
     concurrency: int = typer.Option(1, "--concurrency", min=1, help="rollouts at once per runner"),
     backend: str = typer.Option("local", "--backend", help="local (processes) or ray (actors)"),
-    ray_address: str = typer.Option(None, "--ray-address", help="Ray cluster to join (default: start a local one)"),
-    cpus_per_runner: float = typer.Option(1.0, "--cpus-per-runner", help="Ray CPUs reserved per runner"),
-    grace_s: float = typer.Option(30.0, "--grace", help="seconds running rollouts get to finish on shutdown"),
+    ray_address: str = typer.Option(
+        None, "--ray-address", help="Ray cluster to join (default: start a local one)"
+    ),
+    cpus_per_runner: float = typer.Option(
+        1.0, "--cpus-per-runner", help="Ray CPUs reserved per runner"
+    ),
+    grace_s: float = typer.Option(
+        30.0, "--grace", help="seconds running rollouts get to finish on shutdown"
+    ),
     prefix: str = typer.Option("worker", "--prefix", help="worker ids are PREFIX-0 … PREFIX-(n-1)"),
-    store: str = StoreOpt, token: str = TokenOpt,
+    store: str = StoreOpt,
+    token: str = TokenOpt,
 ) -> None:
     """Run N runners until interrupted; a runner that crashes is restarted with backoff."""
     load_agent(agent)  # a broken agent is one clear error now, not a stream of failed rollouts
@@ -41,10 +47,21 @@ def workers(
         server = ServerThread(url, token=tok, parts=control_plane_parts()).start()
         console.print(f"control plane for {url} at {server.url}")
         url = server.url
-    console.print(f"▶ Initializing {n} workers ({backend}, concurrency {concurrency}) — agent {agent}")
-    options = FleetOptions(url, agent, n=n, concurrency=concurrency, backend=cast(Backend, backend), token=tok,
-                           ray_address=ray_address, cpus_per_runner=cpus_per_runner, grace_s=grace_s,
-                           prefix=prefix)
+    console.print(
+        f"▶ Initializing {n} workers ({backend}, concurrency {concurrency}) — agent {agent}"
+    )
+    options = FleetOptions(
+        url,
+        agent,
+        n=n,
+        concurrency=concurrency,
+        backend=backend,
+        token=tok,
+        ray_address=ray_address,
+        cpus_per_runner=cpus_per_runner,
+        grace_s=grace_s,
+        prefix=prefix,
+    )
     try:
         asyncio.run(_run(options))
     finally:
@@ -60,8 +77,12 @@ async def _run(options: FleetOptions) -> None:
 
     def on_signal() -> None:
         signals["n"] += 1
-        console.print("[yellow]stopping: running rollouts finish, the rest go back to the queue "
-                      "(again to stop at once)[/]" if signals["n"] == 1 else "[red]stopping now[/]")
+        console.print(
+            "[yellow]stopping: running rollouts finish, the rest go back to the queue "
+            "(again to stop at once)[/]"
+            if signals["n"] == 1
+            else "[red]stopping now[/]"
+        )
         fleet.stop()
 
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -27,15 +27,26 @@ log = logging.getLogger("rollfleet.pool")
 def _raise_for(response: httpx.Response) -> None:
     """Turn an error response into the rollfleet error the server raised."""
     if not response.is_success:
-        raise error_from_answer(response.status_code, response.content, default=PoolError,
-                                where=str(response.request.url))
+        raise error_from_answer(
+            response.status_code,
+            response.content,
+            default=PoolError,
+            where=str(response.request.url),
+        )
 
 
 class RemotePool:
     """A client for one pool of a pool service (``…/pools``), with background lease renewal."""
 
-    def __init__(self, url: str, pool: str, *, token: str | None = None, lease_s: float = 60.0,
-                 client: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        pool: str,
+        *,
+        token: str | None = None,
+        lease_s: float = 60.0,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
         """``url``: the service's pools root, e.g. ``http://127.0.0.1:8000/pools``."""
         self.url = url.rstrip("/")
         self.name = pool
@@ -44,8 +55,14 @@ class RemotePool:
         self._own_client = client is None
         self._client = client or httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(30.0))
 
-    async def _call(self, method: str, path: str, *, json: Any = None,
-                    timeout: float | None | object = httpx.USE_CLIENT_DEFAULT) -> httpx.Response:
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        timeout: float | None | object = httpx.USE_CLIENT_DEFAULT,
+    ) -> httpx.Response:
         url = f"{self.url}/{self.name}{path}"
         try:
             response = await self._client.request(method, url, json=json, timeout=timeout)  # type: ignore[arg-type]
@@ -54,38 +71,51 @@ class RemotePool:
         _raise_for(response)
         return response
 
-    async def acquire(self, timeout: float | None = None, *, attempt_id: str | None = None,
-                      lease_s: float | None = None) -> Instance:
+    async def acquire(
+        self,
+        timeout: float | None = None,
+        *,
+        attempt_id: str | None = None,
+        lease_s: float | None = None,
+    ) -> Instance:
         """Wait (FIFO, server side) for an instance; PoolTimeout after ``timeout`` seconds."""
         body = {"attempt_id": attempt_id, "timeout_s": timeout, "lease_s": lease_s or self.lease_s}
         read = None if timeout is None else timeout + 30.0
-        response = await self._call("POST", "/leases", json=body,
-                                    timeout=httpx.Timeout(30.0, read=read))
+        response = await self._call(
+            "POST", "/leases", json=body, timeout=httpx.Timeout(30.0, read=read)
+        )
         return Lease.model_validate(response.json()).instance()
 
     async def renew(self, instance: Instance, lease_s: float | None = None) -> Instance:
         """Extend the lease; Conflict when it has already expired."""
-        response = await self._call("POST", f"/leases/{instance.lease_id}/renew",
-                                    json={"lease_s": lease_s or self.lease_s})
+        response = await self._call(
+            "POST", f"/leases/{instance.lease_id}/renew", json={"lease_s": lease_s or self.lease_s}
+        )
         return Lease.model_validate(response.json()).instance()
 
     async def release(self, instance: Instance, *, broken: bool = False, reason: str = "") -> None:
         """End the lease; the server resets (or replaces, if ``broken``) the instance."""
-        await self._call("POST", f"/leases/{instance.lease_id}/release",
-                         json={"broken": broken, "reason": reason})
+        await self._call(
+            "POST",
+            f"/leases/{instance.lease_id}/release",
+            json={"broken": broken, "reason": reason},
+        )
 
     async def stats(self) -> PoolStats:
         """The pool's stats."""
         return PoolStats.model_validate((await self._call("GET", "")).json())
 
     @asynccontextmanager
-    async def lease(self, *, attempt_id: str | None = None, timeout: float | None = None
-                    ) -> AsyncIterator[Instance]:
+    async def lease(
+        self, *, attempt_id: str | None = None, timeout: float | None = None
+    ) -> AsyncIterator[Instance]:
         """Hold an instance for the body, renewing in the background; release it afterwards."""
         instance = await self.acquire(timeout, attempt_id=attempt_id)
         holder = asyncio.current_task()
         lost: list[RollfleetError] = []
-        renewer = asyncio.create_task(self._keep(instance, holder, lost), name=f"renew {instance.lease_id}")
+        renewer = asyncio.create_task(
+            self._keep(instance, holder, lost), name=f"renew {instance.lease_id}"
+        )
         try:
             yield instance
         except asyncio.CancelledError:
@@ -99,11 +129,13 @@ class RemotePool:
         if lost:  # we cancelled the body (or it finished just as the lease was refused)
             if holder is not None and holder.cancelling() and holder.uncancel() > 0:
                 raise asyncio.CancelledError()
-            raise PoolError(f"lease {instance.lease_id} on {instance.instance_id} was lost: "
-                            f"{lost[0].message}") from lost[0]
+            raise PoolError(
+                f"lease {instance.lease_id} on {instance.instance_id} was lost: {lost[0].message}"
+            ) from lost[0]
 
-    async def _keep(self, instance: Instance, holder: asyncio.Task[Any] | None,
-                    lost: list[RollfleetError]) -> None:
+    async def _keep(
+        self, instance: Instance, holder: asyncio.Task[Any] | None, lost: list[RollfleetError]
+    ) -> None:
         """Renew every third of the lease; cancel the holder if the lease is refused."""
         while True:
             await asyncio.sleep(self.lease_s / 3)
@@ -139,7 +171,7 @@ class RemotePool:
 
 
 async def fetch_pool_stats(url: str, *, token: str | None = None) -> list[PoolStats]:
-    """Every pool's stats from a ``/pools`` root (for ``rollfleet status``); [] if none are hosted."""
+    """Every pool's stats from a ``/pools`` root (``rollfleet status``); [] if none is hosted."""
     headers = {"authorization": f"Bearer {token}"} if token else {}
     async with httpx.AsyncClient(headers=headers, timeout=30.0) as client:
         try:

@@ -46,7 +46,7 @@ class RenewBody(Report):
 
 
 class ReleaseBody(Report):
-    """POST /{pool}/leases/{lease_id}/release: ``broken`` replaces the instance instead of resetting."""
+    """POST /{pool}/leases/{lease_id}/release: ``broken`` replaces the instance, not resets it."""
 
     broken: bool = False
     reason: str = ""
@@ -75,17 +75,20 @@ async def _unless_disconnected(request: Request, work: Awaitable[T], poll_s: flo
 
 def _answers_errors(endpoint: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     """Wrap an endpoint so rollfleet errors become their JSON error responses."""
+
     @functools.wraps(endpoint)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return await endpoint(*args, **kwargs)
         except RollfleetError as exc:
             return error_response(exc)
+
     return wrapper
 
 
 def pool_router(registry: PoolRegistry) -> APIRouter:
     """Routes serving ``registry``'s pools; mount under ``/pools``."""
+
     async def started() -> None:
         await registry.start()
 
@@ -113,8 +116,9 @@ def pool_router(registry: PoolRegistry) -> APIRouter:
     @_answers_errors
     async def acquire(name: str, body: AcquireBody, request: Request) -> Lease:
         """Wait (first come, first served) for an instance and lease it."""
-        work = registry.acquire(name, attempt_id=body.attempt_id, timeout=body.timeout_s,
-                                lease_s=body.lease_s)
+        work = registry.acquire(
+            name, attempt_id=body.attempt_id, timeout=body.timeout_s, lease_s=body.lease_s
+        )
         return await _unless_disconnected(request, work)
 
     @router.post("/{name}/leases/{lease_id}/renew", response_model=Lease)
@@ -135,6 +139,7 @@ def pool_router(registry: PoolRegistry) -> APIRouter:
 
 def pool_app(registry: PoolRegistry, *, token: str | None = None) -> FastAPI:
     """A standalone app serving ``registry`` under ``/pools`` (``rollfleet pool serve``)."""
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with registry:
@@ -151,5 +156,9 @@ def pool_app(registry: PoolRegistry, *, token: str | None = None) -> FastAPI:
         where = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         return error_response(InvalidInput(where))
 
-    app.include_router(pool_router(registry), prefix="/pools", dependencies=[Depends(bearer_check(token, "pool service"))])
+    app.include_router(
+        pool_router(registry),
+        prefix="/pools",
+        dependencies=[Depends(bearer_check(token, "pool service"))],
+    )
     return app

@@ -70,23 +70,37 @@ class RunOptions:
         """Refuse impossible numbers before anything starts."""
         for name in ("num_rollouts", "num_vms", "max_turns", "samples_per_task", "max_tokens"):
             if getattr(self, name) < 1:
-                raise InvalidInput(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+                raise InvalidInput(
+                    f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}"
+                )
         if self.max_retries < 0:
             raise InvalidInput(f"--max-retries must be 0 or more, got {self.max_retries}")
         if self.engine is None and self.model is not None and not Path(self.model).is_file():
-            raise InvalidInput(f"--model {self.model}: not a GGUF file for the llama.cpp engine; "
-                               "to use a served model pass --engine URL (an OpenAI-compatible base URL) too")
+            raise InvalidInput(
+                f"--model {self.model}: not a GGUF file for the llama.cpp engine; "
+                "to use a served model pass --engine URL (an OpenAI-compatible base URL) too"
+            )
 
     def settings(self) -> dict[str, Any]:
         """The agent loop's settings, stored with every rollout."""
         model = self.model if self.engine else None
-        return {"max_turns": self.max_turns, "max_retries": self.max_retries, "max_tokens": self.max_tokens,
-                "temperature": self.temperature, "model": model}
+        return {
+            "max_turns": self.max_turns,
+            "max_retries": self.max_retries,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "model": model,
+        }
 
     def env_spec(self) -> EnvSpec:
         """The ``ctx.env`` runners give rollouts."""
-        return EnvSpec(mode=self.mode, use_pool=self.use_vm_pool, num_instances=self.num_vms,
-                       desktop=self.desktop, standin=self.standin)
+        return EnvSpec(
+            mode=self.mode,
+            use_pool=self.use_vm_pool,
+            num_instances=self.num_vms,
+            desktop=self.desktop,
+            standin=self.standin,
+        )
 
 
 def engine_threads() -> int:
@@ -107,8 +121,13 @@ async def run(opts: RunOptions, console: Console) -> dict[str, Any]:
     opts.check()
     tasks = load_tasks(opts.data, get_mode(opts.mode), opts.limit)
     preflight(opts)
-    specs = build_specs(tasks, path=opts.data, mode=opts.mode, samples=opts.samples_per_task,
-                        settings=opts.settings())
+    specs = build_specs(
+        tasks,
+        path=opts.data,
+        mode=opts.mode,
+        samples=opts.samples_per_task,
+        settings=opts.settings(),
+    )
     opts.output_dir.mkdir(parents=True, exist_ok=True)
     async with _control_plane(opts) as url:
         store = connect(url, token=opts.token)
@@ -123,7 +142,9 @@ async def _control_plane(opts: RunOptions) -> AsyncIterator[str]:
     if opts.store is not None:
         yield opts.store
         return
-    server = ServerThread(f"sqlite:///{opts.output_dir.resolve()}/store.db", parts=control_plane_parts())
+    server = ServerThread(
+        f"sqlite:///{opts.output_dir.resolve()}/store.db", parts=control_plane_parts()
+    )
     await asyncio.to_thread(server.start)
     try:
         yield server.url
@@ -131,21 +152,30 @@ async def _control_plane(opts: RunOptions) -> AsyncIterator[str]:
         await asyncio.to_thread(server.stop)
 
 
-async def _run_on(store: Store, url: str, opts: RunOptions, specs: list[Any], console: Console) -> dict[str, Any]:
+async def _run_on(
+    store: Store, url: str, opts: RunOptions, specs: list[Any], console: Console
+) -> dict[str, Any]:
     ids = [s.rollout_id for s in specs]
     existing = await store.enqueue_many(specs)
     stale = [r.rollout_id for r in existing if r.status in ACTIVE_ROLLOUT]
     if stale and opts.store is None:  # attempts of a run that was killed: nobody holds them now
-        await store.requeue(statuses=[RolloutStatus.PREPARING, RolloutStatus.RUNNING], rollout_ids=stale)
+        await store.requeue(
+            statuses=[RolloutStatus.PREPARING, RolloutStatus.RUNNING], rollout_ids=stale
+        )
     kept = [r for r in existing if r.status in TERMINAL_ROLLOUT]
-    console.print(f"{opts.mode}: {len(ids)} rollouts ({len(kept)} already finished) · store {url}", soft_wrap=True)
+    console.print(
+        f"{opts.mode}: {len(ids)} rollouts ({len(kept)} already finished) · store {url}",
+        soft_wrap=True,
+    )
     started, group = time.perf_counter(), run_key(opts.data, opts.mode)
     with RunProgress(console, len(ids), kept, f"{opts.mode} ×{opts.num_rollouts}") as progress:
         if len(kept) < len(ids):
             if opts.store is None:
                 async with _llm(opts, store, console) as llm_args:
                     fleet = _fleet(url, opts, llm_args)
-                    await _follow(store, set(ids), group, {r.rollout_id for r in kept}, progress, fleet)
+                    await _follow(
+                        store, set(ids), group, {r.rollout_id for r in kept}, progress, fleet
+                    )
             else:
                 await _follow(store, set(ids), group, {r.rollout_id for r in kept}, progress, None)
     wall = time.perf_counter() - started
@@ -154,7 +184,7 @@ async def _run_on(store: Store, url: str, opts: RunOptions, specs: list[Any], co
 
 @contextlib.asynccontextmanager
 async def _llm(opts: RunOptions, store: Store, console: Console) -> AsyncIterator[list[str]]:
-    """Runner options giving ctx.llm: a URL given, a private engine per runner, or one shared engine.
+    """Runner options giving ctx.llm: a URL given, an engine per runner, or one shared engine.
 
     The shared engine's gateway records every call as an ``llm`` Step of its attempt (prompt
     and completion token ids included: what a trainer needs)."""
@@ -174,8 +204,11 @@ async def _llm(opts: RunOptions, store: Store, console: Console) -> AsyncIterato
     gateway.add_replica(engine)
     try:
         async with running_gateway(gateway) as gateway_url:
-            console.print(f"engine llama.cpp {engine.path.name} ({engine.max_concurrency} slots) · "
-                          f"gateway {gateway_url}/v1", soft_wrap=True)
+            console.print(
+                f"engine llama.cpp {engine.path.name} ({engine.max_concurrency} slots) · "
+                f"gateway {gateway_url}/v1",
+                soft_wrap=True,
+            )
             yield ["--llm-url", gateway_url]
     finally:
         await gateway.close()
@@ -196,17 +229,34 @@ def _fleet(url: str, opts: RunOptions, llm_args: list[str]) -> LocalFleet:
     shared = opts.use_vm_pool and opts.mode in ("osworld", "py")
     n, concurrency = (1, opts.num_rollouts) if shared else (opts.num_rollouts, 1)
     extra = llm_args + ["--env-spec", opts.env_spec().model_dump_json(), "--exit-with-parent"]
-    return LocalFleet(url, AGENT, n=n, concurrency=concurrency, prefix=f"run-{opts.mode}", grace_s=5.0,
-                      extra_args=extra, token=opts.token)
+    return LocalFleet(
+        url,
+        AGENT,
+        n=n,
+        concurrency=concurrency,
+        prefix=f"run-{opts.mode}",
+        grace_s=5.0,
+        extra_args=extra,
+        token=opts.token,
+    )
 
 
 async def _terminal(store: Store, group: str) -> list[Rollout]:
-    return await read_all(lambda cursor: store.query_rollouts(status=list(TERMINAL_ROLLOUT), group_id=group,
-                                                              cursor=cursor, limit=500))
+    return await read_all(
+        lambda cursor: store.query_rollouts(
+            status=list(TERMINAL_ROLLOUT), group_id=group, cursor=cursor, limit=500
+        )
+    )
 
 
-async def _follow(store: Store, ids: set[str], group: str, seen: set[str], progress: RunProgress,
-                  fleet: LocalFleet | None) -> None:
+async def _follow(
+    store: Store,
+    ids: set[str],
+    group: str,
+    seen: set[str],
+    progress: RunProgress,
+    fleet: LocalFleet | None,
+) -> None:
     """Show rollouts as they finish until all of ``ids`` (in ``group``) are terminal."""
     running = asyncio.create_task(fleet.run()) if fleet is not None else None
     seen = set(seen)
@@ -230,21 +280,35 @@ async def _follow(store: Store, ids: set[str], group: str, seen: set[str], progr
 
 async def _steps(store: Store, rollout: Rollout) -> list[Any]:
     attempt = rollout.attempt.attempt_id if rollout.attempt else None
-    return await read_all(lambda cursor: store.query_steps(rollout.rollout_id, attempt_id=attempt, cursor=cursor,
-                                                           limit=500))
+    return await read_all(
+        lambda cursor: store.query_steps(
+            rollout.rollout_id, attempt_id=attempt, cursor=cursor, limit=500
+        )
+    )
 
 
-async def _write(store: Store, opts: RunOptions, ids: list[str], kept: set[str], wall: float,
-                 console: Console) -> dict[str, Any]:
+async def _write(
+    store: Store, opts: RunOptions, ids: list[str], kept: set[str], wall: float, console: Console
+) -> dict[str, Any]:
     records = []
     for rollout_id in ids:
         rollout = await store.get_rollout(rollout_id)
         if rollout.terminal:
             records.append(trajectory(rollout, await _steps(store, rollout)))
     now = [r for r in records if r["rollout_id"] not in kept]
-    summary = summarize(records, samples=opts.samples_per_task, wall_s=wall, ran_now=len(now),
-                        completion_tokens_now=sum(r["tokens"]["completion"] for r in now),
-                        extra={"mode": opts.mode, "data": str(opts.data), "group_id": run_key(opts.data, opts.mode),
-                               "num_rollouts": opts.num_rollouts, "expected": len(ids)})
+    summary = summarize(
+        records,
+        samples=opts.samples_per_task,
+        wall_s=wall,
+        ran_now=len(now),
+        completion_tokens_now=sum(r["tokens"]["completion"] for r in now),
+        extra={
+            "mode": opts.mode,
+            "data": str(opts.data),
+            "group_id": run_key(opts.data, opts.mode),
+            "num_rollouts": opts.num_rollouts,
+            "expected": len(ids),
+        },
+    )
     write_outputs(opts.output_dir, records, summary)
     return summary

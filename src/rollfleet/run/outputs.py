@@ -43,50 +43,88 @@ def trajectory(rollout: Rollout, steps: Sequence[Step]) -> dict[str, Any]:
     output = result.output if result is not None and isinstance(result.output, dict) else {}
     metrics = result.metrics if result is not None else {}
     return {
-        "rollout_id": rollout.rollout_id, "mode": rollout.mode, "line": rollout.metadata.get("line"),
-        "sample": rollout.metadata.get("sample"), "status": rollout.status.value, "input": rollout.input,
-        "answer": output.get("answer"), "reward": None if result is None else result.reward,
-        "correct": bool(metrics.get("correct", 0.0)), "score": output.get("score"),
+        "rollout_id": rollout.rollout_id,
+        "mode": rollout.mode,
+        "line": rollout.metadata.get("line"),
+        "sample": rollout.metadata.get("sample"),
+        "status": rollout.status.value,
+        "input": rollout.input,
+        "answer": output.get("answer"),
+        "reward": None if result is None else result.reward,
+        "correct": bool(metrics.get("correct", 0.0)),
+        "score": output.get("score"),
         "messages": output.get("messages", []),
-        "steps": [{"sequence": s.sequence, "kind": s.kind, "payload": s.payload, "timestamp": s.timestamp}
-                  for s in steps],
-        "tokens": {"prompt": int(metrics.get("prompt_tokens", 0)),
-                   "completion": int(metrics.get("completion_tokens", 0))},
-        "timings": {"created_at": rollout.created_at, "started_at": rollout.attempt.started_at if rollout.attempt else None,
-                    "finished_at": rollout.finished_at, "latency_s": latency(rollout),
-                    "llm_s": metrics.get("llm_s")},
-        "attempts": rollout.num_attempts, "error": rollout.error,
+        "steps": [
+            {"sequence": s.sequence, "kind": s.kind, "payload": s.payload, "timestamp": s.timestamp}
+            for s in steps
+        ],
+        "tokens": {
+            "prompt": int(metrics.get("prompt_tokens", 0)),
+            "completion": int(metrics.get("completion_tokens", 0)),
+        },
+        "timings": {
+            "created_at": rollout.created_at,
+            "started_at": rollout.attempt.started_at if rollout.attempt else None,
+            "finished_at": rollout.finished_at,
+            "latency_s": latency(rollout),
+            "llm_s": metrics.get("llm_s"),
+        },
+        "attempts": rollout.num_attempts,
+        "error": rollout.error,
     }
 
 
-def summarize(records: Sequence[dict[str, Any]], *, samples: int, wall_s: float, ran_now: int,
-              completion_tokens_now: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def summarize(
+    records: Sequence[dict[str, Any]],
+    *,
+    samples: int,
+    wall_s: float,
+    ran_now: int,
+    completion_tokens_now: int,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Counts by status, reward mean/std, pass@k, latency p50/p95, tokens/s."""
     rewards = [r["reward"] for r in records if r["reward"] is not None]
-    latencies = [r["timings"]["latency_s"] for r in records if r["timings"]["latency_s"] is not None]
+    latencies = [
+        r["timings"]["latency_s"] for r in records if r["timings"]["latency_s"] is not None
+    ]
     by_task: dict[Any, list[bool]] = defaultdict(list)
     for r in records:
         if r["status"] == RolloutStatus.SUCCEEDED.value:
             by_task[r["line"]].append(r["correct"])
     summary: dict[str, Any] = {
-        "rollouts": len(records), "counts": dict(Counter(r["status"] for r in records)),
-        "reward": {"mean": statistics.fmean(rewards) if rewards else None,
-                   "std": statistics.pstdev(rewards) if rewards else None, "n": len(rewards)},
+        "rollouts": len(records),
+        "counts": dict(Counter(r["status"] for r in records)),
+        "reward": {
+            "mean": statistics.fmean(rewards) if rewards else None,
+            "std": statistics.pstdev(rewards) if rewards else None,
+            "n": len(rewards),
+        },
         "accuracy": statistics.fmean([float(r["correct"]) for r in records]) if records else None,
         "latency_s": {"p50": percentile(latencies, 0.5), "p95": percentile(latencies, 0.95)},
-        "tokens": {"prompt": sum(r["tokens"]["prompt"] for r in records),
-                   "completion": sum(r["tokens"]["completion"] for r in records)},
+        "tokens": {
+            "prompt": sum(r["tokens"]["prompt"] for r in records),
+            "completion": sum(r["tokens"]["completion"] for r in records),
+        },
         "tokens_per_s": completion_tokens_now / wall_s if wall_s > 0 and ran_now else None,
-        "ran_now": ran_now, "kept_from_before": len(records) - ran_now, "wall_s": wall_s,
-        "samples_per_task": samples, **(extra or {}),
+        "ran_now": ran_now,
+        "kept_from_before": len(records) - ran_now,
+        "wall_s": wall_s,
+        "samples_per_task": samples,
+        **(extra or {}),
     }
     if samples > 1 and by_task:
-        summary["pass_at_k"] = {f"pass@{k}": statistics.fmean(pass_at_k(len(v), sum(v), k) for v in by_task.values())
-                                for k in sorted({1, samples}) if all(len(v) >= k for v in by_task.values())}
+        summary["pass_at_k"] = {
+            f"pass@{k}": statistics.fmean(pass_at_k(len(v), sum(v), k) for v in by_task.values())
+            for k in sorted({1, samples})
+            if all(len(v) >= k for v in by_task.values())
+        }
     return summary
 
 
-def write_outputs(out_dir: Path, records: Sequence[dict[str, Any]], summary: dict[str, Any]) -> None:
+def write_outputs(
+    out_dir: Path, records: Sequence[dict[str, Any]], summary: dict[str, Any]
+) -> None:
     """Write both files (atomically: a killed run never leaves half a file)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     lines = "".join(json.dumps(r, default=str) + "\n" for r in records)

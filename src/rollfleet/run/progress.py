@@ -31,9 +31,17 @@ class RunProgress:
         self.rewards: list[float] = []
         self.failed = 0
         self.done = 0
-        self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                  MofNCompleteColumn(), TextColumn("{task.fields[stats]}"), TimeElapsedColumn(),
-                                  console=console, transient=False, disable=not console.is_terminal)
+        self._progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[stats]}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+            disable=not console.is_terminal,
+        )
         self._task = self._progress.add_task(label, total=total, stats="")
         for rollout in already:
             self._count(rollout)
@@ -43,7 +51,9 @@ class RunProgress:
         self._progress.start()
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self._progress.stop()
 
     def _count(self, rollout: Rollout) -> None:
@@ -68,6 +78,9 @@ class RunProgress:
         if not self.console.is_terminal:
             reward = rollout.result.reward if rollout.result is not None else None
             shown = "none" if reward is None else f"{reward:g}"
-            self.console.print(f"[{self.done}/{self.total}] {rollout.rollout_id} {rollout.status.value} "
-                               f"this rollout's reward {shown} · {self.stats()}", highlight=False,
-                               soft_wrap=True)
+            self.console.print(
+                f"[{self.done}/{self.total}] {rollout.rollout_id} {rollout.status.value} "
+                f"this rollout's reward {shown} · {self.stats()}",
+                highlight=False,
+                soft_wrap=True,
+            )

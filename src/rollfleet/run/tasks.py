@@ -57,15 +57,28 @@ def rollout_id(key: str, line: TaskLine, sample: int) -> str:
     return f"{key}-L{line.lineno}-{content}-k{sample}"
 
 
-def build_specs(tasks: list[TaskLine], *, path: Path, mode: str, samples: int,
-                settings: dict[str, Any], max_attempts: int = 2) -> list[RolloutSpec]:
+def build_specs(
+    tasks: list[TaskLine],
+    *,
+    path: Path,
+    mode: str,
+    samples: int,
+    settings: dict[str, Any],
+    max_attempts: int = 2,
+) -> list[RolloutSpec]:
     """One RolloutSpec per (task, sample) with stable ids, all in the run's group."""
     key = run_key(path, mode)
     specs = []
     for line in tasks:
         for k in range(samples):
-            specs.append(RolloutSpec(
-                input=line.task, mode=mode, rollout_id=rollout_id(key, line, k), group_id=key,
-                config=RolloutConfig(max_attempts=max_attempts),
-                metadata={"run": settings, "data": str(path), "line": line.lineno, "sample": k}))
+            specs.append(
+                RolloutSpec(
+                    input=line.task,
+                    mode=mode,
+                    rollout_id=rollout_id(key, line, k),
+                    group_id=key,
+                    config=RolloutConfig(max_attempts=max_attempts),
+                    metadata={"run": settings, "data": str(path), "line": line.lineno, "sample": k},
+                )
+            )
     return specs

@@ -1,4 +1,4 @@
-"""Execution: the runner, agent loading, fleets of runners (local processes, threads, Ray actors)."""
+"""Execution: the runner, agent loading, fleets of runners (processes, threads, Ray actors)."""
 
 from rollfleet.runner.agent import agent, load_agent
 from rollfleet.runner.api import Fleet, run_workers

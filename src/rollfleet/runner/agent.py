@@ -22,7 +22,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def agent(fn: F | None = None, **defaults: Any) -> Any:
-    """Mark an async function as an agent; ``timeout_s`` applies to rollouts that set none themselves."""
+    """Mark an async function as an agent; ``timeout_s`` applies to rollouts that set none."""
 
     def mark(f: F) -> F:
         try:
@@ -54,16 +54,19 @@ def _import(ref: str) -> Any:
 
 def load_agent(ref: str | Callable[..., Any]) -> AgentFn:
     """Resolve and check an agent; a bad reference or signature fails here, not per rollout."""
-    target = _import(ref) if isinstance(ref, str) else ref
+    target: Any = _import(ref) if isinstance(ref, str) else ref
     label = ref if isinstance(ref, str) else getattr(ref, "__qualname__", repr(ref))
     if inspect.isclass(target):
         try:
-            target = target().rollout
+            instance: Any = target()
+            target = instance.rollout
         except Exception as exc:
-            raise AgentError(f"agent {label!r}: cannot construct {target.__name__}(): {exc}") from exc
+            raise AgentError(
+                f"agent {label!r}: cannot construct {target.__name__}(): {exc}"
+            ) from exc
     if not callable(target):
         raise AgentError(f"agent {label!r} is not callable")
-    call = getattr(target, "__call__", None)
+    call = type(target).__call__ if not inspect.isfunction(target) else None
     if not (inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(call)):
         raise AgentError(f"agent {label!r} must be an async function: async def agent(input, ctx)")
     try:
@@ -75,7 +78,7 @@ def load_agent(ref: str | Callable[..., Any]) -> AgentFn:
 
 
 def to_result(value: Any) -> RolloutResult:
-    """Read what an agent returned: a number is the reward; a dict may carry reward/metrics/output."""
+    """Read what an agent returned: a number is the reward; a dict carries reward/metrics/output."""
     if value is None:
         return RolloutResult()
     if isinstance(value, RolloutResult):

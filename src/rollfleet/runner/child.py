@@ -1,4 +1,4 @@
-"""Entry point of one runner process: ``python -m rollfleet.runner.child --store URL --agent REF …``.
+"""One runner process: ``python -m rollfleet.runner.child --store URL --agent REF …``.
 
 Prints one JSON line per lifecycle event on stdout (the launcher turns them into output);
 SIGTERM/SIGINT drains, a second signal releases everything at once.
@@ -52,7 +52,9 @@ async def own_engine(model: str | None, slots: int) -> AsyncIterator[str]:
     from rollfleet.engines.gateway_app import running_gateway
     from rollfleet.engines.llamacpp import LlamaCppEngine
 
-    engine = LlamaCppEngine(model, slots=max(1, slots), threads=max(1, len(os.sched_getaffinity(0)) - 1))
+    engine = LlamaCppEngine(
+        model, slots=max(1, slots), threads=max(1, len(os.sched_getaffinity(0)) - 1)
+    )
     await engine.start()
     gateway = Gateway()
     gateway.add_replica(engine)
@@ -64,7 +66,7 @@ async def own_engine(model: str | None, slots: int) -> AsyncIterator[str]:
 
 
 async def _watch_parent(parent: int, runner: Runner) -> None:
-    while os.getppid() == parent:
+    while os.getppid() == parent:  # noqa: ASYNC110 - no event tells a process its parent died
         await asyncio.sleep(1.0)
     runner.stop()
     runner.stop()
@@ -74,12 +76,20 @@ async def _serve(args: argparse.Namespace, llm_url: str | None) -> int:
     env = None
     if args.env_spec:
         from rollfleet.envs import EnvSpec, build_env_source
+
         env = build_env_source(EnvSpec.model_validate_json(args.env_spec), args.concurrency)
     store = connect(args.store, token=args.token)
     try:
-        runner = Runner(store, args.agent, worker_id=args.worker_id, concurrency=args.concurrency,
-                        grace_s=args.grace_s, on_event=emit, env=env,
-                        llm_factory=llm_factory(llm_url, args.llm_token) if llm_url else None)
+        runner = Runner(
+            store,
+            args.agent,
+            worker_id=args.worker_id,
+            concurrency=args.concurrency,
+            grace_s=args.grace_s,
+            on_event=emit,
+            env=env,
+            llm_factory=llm_factory(llm_url, args.llm_token) if llm_url else None,
+        )
     except AgentError as exc:
         emit("agent_error", worker_id=args.worker_id, error=str(exc))
         await store.close()
@@ -87,7 +97,9 @@ async def _serve(args: argparse.Namespace, llm_url: str | None) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, runner.stop)
-    watcher = asyncio.create_task(_watch_parent(os.getppid(), runner)) if args.exit_with_parent else None
+    watcher = (
+        asyncio.create_task(_watch_parent(os.getppid(), runner)) if args.exit_with_parent else None
+    )
     try:
         await runner.run()
     finally:
@@ -122,8 +134,12 @@ def main() -> None:
     parser.add_argument("--token", default=None)
     parser.add_argument("--llm-url", default=None, help="gateway base URL for ctx.llm")
     parser.add_argument("--llm-token", default=None)
-    parser.add_argument("--own-engine", action="store_true", help="start a private llama.cpp engine for ctx.llm")
-    parser.add_argument("--model-path", default=None, help="GGUF for --own-engine (default: the bundled model)")
+    parser.add_argument(
+        "--own-engine", action="store_true", help="start a private llama.cpp engine for ctx.llm"
+    )
+    parser.add_argument(
+        "--model-path", default=None, help="GGUF for --own-engine (default: the bundled model)"
+    )
     parser.add_argument("--env-spec", default=None, help="JSON EnvSpec for ctx.env")
     parser.add_argument("--exit-with-parent", action="store_true")
     raise SystemExit(asyncio.run(main_async(parser.parse_args())))

@@ -11,7 +11,9 @@ from rollfleet.model import Resources, Rollout, StepIn
 class RolloutContext:
     """The running rollout's ids, resources, step recorder, cancellation flag and hooks."""
 
-    def __init__(self, rollout: Rollout, resources: Resources | None, llm: Any = None, env: Any = None) -> None:
+    def __init__(
+        self, rollout: Rollout, resources: Resources | None, llm: Any = None, env: Any = None
+    ) -> None:
         assert rollout.attempt is not None
         self.rollout = rollout
         self.rollout_id = rollout.rollout_id

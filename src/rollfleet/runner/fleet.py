@@ -1,4 +1,4 @@
-"""Fleet construction: one frozen record of options, one function that builds a local or Ray fleet."""
+"""Fleet construction: one frozen record of options, one function building a local or Ray fleet."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class FleetOptions:
 
 
 class RunnerFleet(Protocol):
-    """What every fleet offers: ``run()`` until stopped, ``stop()`` to drain, the agent's start error."""
+    """What a fleet offers: ``run()`` until stopped, ``stop()`` to drain, an agent start error."""
 
     agent_error: str | None
 
@@ -38,17 +38,34 @@ class RunnerFleet(Protocol):
         """Drain every runner: running rollouts finish, the rest go back to the queue."""
 
 
-def make_fleet(options: FleetOptions, on_event: Callable[[dict[str, Any]], None] | None = None) -> RunnerFleet:
-    """A local (processes) or Ray (actors) fleet for ``options``, reporting events to ``on_event``."""
+def make_fleet(
+    options: FleetOptions, on_event: Callable[[dict[str, Any]], None] | None = None
+) -> RunnerFleet:
+    """A local (processes) or Ray (actors) fleet for ``options``, reporting to ``on_event``."""
     if options.backend == "ray":
         from rollfleet.runner.ray_fleet import RayFleet
 
-        return RayFleet(options.store_url, options.agent, n=options.n, concurrency=options.concurrency,
-                        token=options.token, address=options.ray_address,
-                        cpus_per_runner=options.cpus_per_runner, prefix=options.prefix,
-                        grace_s=options.grace_s, on_event=on_event)
+        return RayFleet(
+            options.store_url,
+            options.agent,
+            n=options.n,
+            concurrency=options.concurrency,
+            token=options.token,
+            address=options.ray_address,
+            cpus_per_runner=options.cpus_per_runner,
+            prefix=options.prefix,
+            grace_s=options.grace_s,
+            on_event=on_event,
+        )
     from rollfleet.runner.local import LocalFleet
 
-    return LocalFleet(options.store_url, options.agent, n=options.n, concurrency=options.concurrency,
-                      token=options.token, grace_s=options.grace_s, prefix=options.prefix,
-                      on_event=on_event)
+    return LocalFleet(
+        options.store_url,
+        options.agent,
+        n=options.n,
+        concurrency=options.concurrency,
+        token=options.token,
+        grace_s=options.grace_s,
+        prefix=options.prefix,
+        on_event=on_event,
+    )

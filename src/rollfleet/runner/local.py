@@ -30,11 +30,23 @@ class _Child:
 class LocalFleet:
     """Starts ``n`` runner processes against a store URL and keeps them running until stopped."""
 
-    def __init__(self, store_url: str, agent: str, *, n: int = 4, concurrency: int = 1, prefix: str = "worker",
-                 token: str | None = None, grace_s: float = 30.0, on_event: EventFn | None = None,
-                 extra_args: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        store_url: str,
+        agent: str,
+        *,
+        n: int = 4,
+        concurrency: int = 1,
+        prefix: str = "worker",
+        token: str | None = None,
+        grace_s: float = 30.0,
+        on_event: EventFn | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
         self.store_url = store_url
-        self.extra_args = list(extra_args)  # more rollfleet.runner.child options (--llm-url, --env-spec…)
+        self.extra_args = list(
+            extra_args
+        )  # more rollfleet.runner.child options (--llm-url, --env-spec…)
         self.agent = agent
         self.concurrency = concurrency
         self.token = token
@@ -45,14 +57,28 @@ class LocalFleet:
         self.agent_error: str | None = None
 
     def _argv(self, child: _Child) -> list[str]:
-        argv = [sys.executable, "-m", "rollfleet.runner.child", "--store", self.store_url, "--agent", self.agent,
-                "--worker-id", child.worker_id, "--concurrency", str(self.concurrency),
-                "--grace-s", str(self.grace_s)]
+        argv = [
+            sys.executable,
+            "-m",
+            "rollfleet.runner.child",
+            "--store",
+            self.store_url,
+            "--agent",
+            self.agent,
+            "--worker-id",
+            child.worker_id,
+            "--concurrency",
+            str(self.concurrency),
+            "--grace-s",
+            str(self.grace_s),
+        ]
         return argv + (["--token", self.token] if self.token else []) + self.extra_args
 
     async def _spawn(self, child: _Child) -> None:
         child.proc = await asyncio.create_subprocess_exec(
-            *self._argv(child), stdout=asyncio.subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            *self._argv(child),
+            stdout=asyncio.subprocess.PIPE,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         child.started_at = time.monotonic()
 
@@ -79,8 +105,14 @@ class LocalFleet:
             healthy = time.monotonic() - child.started_at > 60
             child.restarts = 0 if healthy else child.restarts + 1
             delay = min(MAX_BACKOFF_S, 0.5 * 2 ** max(0, child.restarts - 1))
-            self.on_event({"event": "worker_crashed", "worker_id": child.worker_id, "exit_code": code,
-                           "restart_in_s": delay})
+            self.on_event(
+                {
+                    "event": "worker_crashed",
+                    "worker_id": child.worker_id,
+                    "exit_code": code,
+                    "restart_in_s": delay,
+                }
+            )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), delay)
 
@@ -112,4 +144,8 @@ class LocalFleet:
 
     def pids(self) -> dict[str, int]:
         """The live children's process ids by worker id (chaos tests kill these)."""
-        return {c.worker_id: c.proc.pid for c in self.children if c.proc is not None and c.proc.returncode is None}
+        return {
+            c.worker_id: c.proc.pid
+            for c in self.children
+            if c.proc is not None and c.proc.returncode is None
+        }

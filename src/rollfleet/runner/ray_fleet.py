@@ -21,8 +21,15 @@ log = logging.getLogger("rollfleet.runner")
 class RunnerActor:
     """A Ray actor body: one Runner on a background thread."""
 
-    def __init__(self, store_url: str, agent: str, worker_id: str, concurrency: int, token: str | None,
-                 grace_s: float) -> None:
+    def __init__(
+        self,
+        store_url: str,
+        agent: str,
+        worker_id: str,
+        concurrency: int,
+        token: str | None,
+        grace_s: float,
+    ) -> None:
         from rollfleet.runner.agent import load_agent
 
         load_agent(agent)  # fail the actor's construction, visibly, for a broken agent
@@ -45,7 +52,9 @@ class RunnerActor:
         store_url, agent, worker_id, concurrency, token, grace_s = self._args
         store = connect(store_url, token=token)
         self._loop = asyncio.get_running_loop()
-        self._runner = Runner(store, agent, worker_id=worker_id, concurrency=concurrency, grace_s=grace_s)
+        self._runner = Runner(
+            store, agent, worker_id=worker_id, concurrency=concurrency, grace_s=grace_s
+        )
         try:
             await self._runner.run()
         finally:
@@ -71,16 +80,33 @@ class RunnerActor:
 class RayFleet:
     """N runner actors on a Ray cluster with the LocalFleet interface (run/stop)."""
 
-    def __init__(self, store_url: str, agent: str, *, n: int = 4, concurrency: int = 1, token: str | None = None,
-                 address: str | None = None, cpus_per_runner: float = 1.0, prefix: str = "worker",
-                 grace_s: float = 30.0, on_event: Any = None) -> None:
+    def __init__(
+        self,
+        store_url: str,
+        agent: str,
+        *,
+        n: int = 4,
+        concurrency: int = 1,
+        token: str | None = None,
+        address: str | None = None,
+        cpus_per_runner: float = 1.0,
+        prefix: str = "worker",
+        grace_s: float = 30.0,
+        on_event: Any = None,
+    ) -> None:
         try:
             import ray
         except ImportError as exc:
             raise RollfleetError("the Ray backend needs: pip install 'rollfleet[ray]'") from exc
         self._ray = ray
         self.store_url, self.agent, self.n, self.concurrency = store_url, agent, n, concurrency
-        self.token, self.address, self.cpus, self.prefix, self.grace_s = token, address, cpus_per_runner, prefix, grace_s
+        self.token, self.address, self.cpus, self.prefix, self.grace_s = (
+            token,
+            address,
+            cpus_per_runner,
+            prefix,
+            grace_s,
+        )
         self.on_event = on_event or (lambda e: None)
         self.actors: dict[str, Any] = {}
         self._stopping = asyncio.Event()
@@ -93,13 +119,22 @@ class RayFleet:
             if self.address:
                 ray.init(address=self.address, log_to_driver=False)
             else:
-                ray.init(include_dashboard=False, log_to_driver=False, num_cpus=max(2, int(self.n * self.cpus) + 1),
-                         object_store_memory=100 * 1024 * 1024)
-        cls = ray.remote(num_cpus=self.cpus, max_restarts=-1, scheduling_strategy="SPREAD")(RunnerActor)
+                ray.init(
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    num_cpus=max(2, int(self.n * self.cpus) + 1),
+                    object_store_memory=100 * 1024 * 1024,
+                )
+        cls = ray.remote(num_cpus=self.cpus, max_restarts=-1, scheduling_strategy="SPREAD")(
+            RunnerActor
+        )
         for i in range(self.n):
             worker_id = f"{self.prefix}-{i}"
-            self.actors[worker_id] = cls.options(name=f"rollfleet-{worker_id}-{time.time_ns()}").remote(
-                self.store_url, self.agent, worker_id, self.concurrency, self.token, self.grace_s)
+            self.actors[worker_id] = cls.options(
+                name=f"rollfleet-{worker_id}-{time.time_ns()}"
+            ).remote(
+                self.store_url, self.agent, worker_id, self.concurrency, self.token, self.grace_s
+            )
         for worker_id, actor in self.actors.items():
             try:
                 ray.get(actor.ready.remote(), timeout=120)

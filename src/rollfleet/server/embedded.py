@@ -21,9 +21,17 @@ log = logging.getLogger("rollfleet.server")
 class ServerThread:
     """A uvicorn server for a store URL, on its own thread and event loop."""
 
-    def __init__(self, store_url: str, *, host: str = "127.0.0.1", port: int | None = None,
-                 token: str | None = None, parts: PartsFactory = dashboard_only,
-                 log_level: str = "warning", clock: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self,
+        store_url: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        token: str | None = None,
+        parts: PartsFactory = dashboard_only,
+        log_level: str = "warning",
+        clock: Callable[[], float] | None = None,
+    ) -> None:
         check_bind(host, token)
         self.host = host
         self.port = port or free_port(host)
@@ -56,15 +64,26 @@ class ServerThread:
     async def _main(self) -> None:
         store = open_sql_store(self._store_url, clock=self._clock)
         parts = self._parts(store)
-        app = create_app(store, token=self._token, routers=parts.routers, on_startup=parts.on_startup,
-                         on_shutdown=parts.on_shutdown)
-        config = uvicorn.Config(app, host=self.host, port=self.port, log_level=self._log_level,
-                                access_log=False, lifespan="on", timeout_graceful_shutdown=3,
-                                http=nodelay_http_protocol())
+        app = create_app(
+            store,
+            token=self._token,
+            routers=parts.routers,
+            on_startup=parts.on_startup,
+            on_shutdown=parts.on_shutdown,
+        )
+        config = uvicorn.Config(
+            app,
+            host=self.host,
+            port=self.port,
+            log_level=self._log_level,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=3,
+            http=nodelay_http_protocol(),
+        )
         self._server = uvicorn.Server(config)
-        self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         serving = asyncio.create_task(self._server.serve())
-        while not self._server.started and not serving.done():
+        while not self._server.started and not serving.done():  # noqa: ASYNC110 - uvicorn has no event
             await asyncio.sleep(0.01)
         self._ready.set()
         await serving

@@ -30,7 +30,7 @@ PartsFactory = Callable[[Store], ServerParts]
 
 
 def dashboard_only(store: Store) -> ServerParts:
-    """The parts of a plain control plane: the dashboard, with no pools, engines or batches panels."""
+    """A plain control plane's parts: the dashboard, with no pools, engines or batches panels."""
     from rollfleet.server.dashboard import dashboard_router
 
     return ServerParts(routers=[("", dashboard_router(store, {}))])

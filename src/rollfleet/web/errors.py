@@ -25,13 +25,20 @@ def error_response(exc: RollfleetError, status: int | None = None) -> JSONRespon
     return error_body(type(exc).__name__, exc.message, status or exc.status_code)
 
 
-def error_named(name: str | None, message: str, default: type[RollfleetError] = RollfleetError) -> RollfleetError:
-    """The rollfleet error called ``name`` (``default`` for a name we do not know) with ``message``."""
+def error_named(
+    name: str | None, message: str, default: type[RollfleetError] = RollfleetError
+) -> RollfleetError:
+    """The rollfleet error called ``name`` (``default`` for a name not known) with ``message``."""
     return ERRORS_BY_NAME.get(name or "", default)(message)
 
 
-def error_from_answer(status: int, data: bytes | str | Any, *, default: type[RollfleetError] = RollfleetError,
-                      where: str = "") -> RollfleetError:
+def error_from_answer(
+    status: int,
+    data: bytes | str | Any,
+    *,
+    default: type[RollfleetError] = RollfleetError,
+    where: str = "",
+) -> RollfleetError:
     """The rollfleet error an error answer stands for; ``data`` is its raw body or its parsed JSON.
 
     An answer that is not our error shape (a proxy's HTML page, a bare 502) becomes ``default``
