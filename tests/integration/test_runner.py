@@ -64,8 +64,8 @@ async def test_cancel_in_the_store_stops_the_agent(store: SqlStore) -> None:
     await asyncio.wait_for(runner_agents.STARTED.wait(), 20)
     await store.cancel(made.rollout_id)
     while runner.active:  # the next heartbeat reply stops the agent
-        await asyncio.wait_for(runner._slot_freed.wait(), 20)
-        runner._slot_freed.clear()
+        await asyncio.wait_for(runner._wake.wait(), 20)
+        runner._wake.clear()
     assert runner.stats.stopped_by_store == 1
     runner.stop()
     await asyncio.wait_for(task, 20)

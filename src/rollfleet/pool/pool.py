@@ -14,11 +14,12 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollfleet.aio import TaskSet
 from rollfleet.errors import Conflict, PoolError, PoolTimeout
 from rollfleet.pool.base import (
     Instance,
@@ -104,7 +105,7 @@ class Pool:
         self._by_id = {slot.instance_id: slot for slot in self._slots}
         self._idle: deque[_Slot] = deque()
         self._waiters: deque[_Waiter] = deque()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet(log, f"pool {name}")
         self._tickets = itertools.count(1)
         self._serials = itertools.count(1)
         self._waits: deque[float] = deque(maxlen=10_000)
@@ -127,18 +128,17 @@ class Pool:
         self._started_at = time.monotonic()
         log.info("pool %s: starting %d %s instances", self.name, len(self._slots), self.provider.name)
         for slot in self._slots:
-            self._spawn(self._bring_up(slot), f"start {slot.instance_id}")
+            self._tasks.spawn(self._bring_up(slot), f"pool {self.name}: start {slot.instance_id}")
         if self.policy.check_interval_s:
-            self._spawn(self._health_loop(self.policy.check_interval_s), "health checks")
+            self._tasks.spawn(self._health_loop(self.policy.check_interval_s),
+                              f"pool {self.name}: health checks")
 
     async def close(self) -> None:
         """Stop every instance and fail every waiter; holders' later releases are ignored."""
         if self._closed:
             return
         self._closed = True
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.cancel()
         self._fail_waiters(PoolError(f"pool {self.name} closed"))
         await asyncio.gather(*(self._stop_slot(slot) for slot in self._slots))
         for slot in self._slots:
@@ -195,10 +195,11 @@ class Pool:
         slot.busy_since, slot.attempt_id = None, None
         if broken:
             slot.state = InstanceState.BROKEN
-            self._spawn(self._replace(slot, f"holder reported it broken: {reason}"), "replace")
+            self._tasks.spawn(self._replace(slot, f"holder reported it broken: {reason}"),
+                              f"pool {self.name}: replace")
         else:
             slot.state = InstanceState.RESETTING
-            self._spawn(self._recycle(slot), f"reset {slot.instance_id}")
+            self._tasks.spawn(self._recycle(slot), f"pool {self.name}: reset {slot.instance_id}")
         self._bump()
 
     @asynccontextmanager
@@ -394,17 +395,6 @@ class Pool:
         log.warning("pool %s: %s quarantined: %s", self.name, slot.instance_id, why)
 
     # ---- internals: bookkeeping ------------------------------------------------------
-
-    def _spawn(self, coro: Coroutine[Any, Any, None], what: str) -> None:
-        task = asyncio.get_running_loop().create_task(coro, name=f"pool {self.name}: {what}")
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("pool %s: background task %r crashed", self.name, task.get_name(),
-                      exc_info=task.exception())
 
     def _slot_of(self, instance: Instance) -> _Slot:
         slot = self._by_id.get(instance.instance_id)

@@ -11,15 +11,13 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
-from rollfleet.errors import RollfleetError
-
 In = TypeVar("In")
 Out = TypeVar("Out")
 MAX_BATCH = 256
 
 
 class NaturalBatcher(Generic[In, Out]):
-    """Sends items through ``send_many`` (answers aligned with items) in as few calls as load allows."""
+    """Sends items through ``send_many`` (answers aligned with items) in as few calls as it can."""
 
     def __init__(self, send_many: Callable[[list[In]], Awaitable[list[Out]]]) -> None:
         self._send_many = send_many
@@ -39,7 +37,7 @@ class NaturalBatcher(Generic[In, Out]):
             batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
             try:
                 answers = await self._send_many([item for item, _ in batch])
-            except RollfleetError as exc:
+            except Exception as exc:  # every submitter hears of it; none is left waiting forever
                 for _, fut in batch:
                     if not fut.done():
                         fut.set_exception(exc)

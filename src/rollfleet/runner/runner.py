@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rollfleet.aio import TaskSet
 from rollfleet.errors import Conflict, NotFound, RollfleetError
 from rollfleet.model import (
     AttemptStatus,
@@ -38,8 +39,11 @@ from rollfleet.store.base import Store
 from rollfleet.web.errors import error_named
 
 log = logging.getLogger("rollfleet.runner")
+RECORD_S = 30.0  # shutdown waits this long for the ends of attempts to be recorded,
+CUT_OFF_S = 5.0  # then cancels what is left and waits this long for it to end
 EventFn = Callable[..., None]
 Hook = Callable[[Rollout], Any]
+Outcome = tuple[AttemptStatus, RolloutResult | None, str | None] | None  # None: not recorded
 
 
 @dataclass
@@ -73,16 +77,26 @@ class Runner:
     """Claims rollouts from a store and runs an agent on each, up to ``concurrency`` at once."""
 
     def __init__(
-        self, store: Store, agent: AgentFn | str, *, worker_id: str | None = None, concurrency: int = 1,
-        claim_wait_s: float = 2.0, grace_s: float = 30.0, lease_s: float = 15.0,
-        llm_factory: Hook | None = None, env: Any = None,
-        on_event: EventFn | None = None, metadata: dict[str, Any] | None = None,
+        self,
+        store: Store,
+        agent: AgentFn | str,
+        *,
+        worker_id: str | None = None,
+        concurrency: int = 1,
+        claim_wait_s: float = 2.0,
+        grace_s: float = 30.0,
+        lease_s: float = 15.0,
+        llm_factory: Hook | None = None,
+        env: Any = None,
+        on_event: EventFn | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.store = store
         self.agent = load_agent(agent)
-        self.agent_timeout_s = agent_defaults(self.agent).get("timeout_s")  # @agent(timeout_s=…) fills in
+        # @agent(timeout_s=…) fills in for rollouts that set no timeout themselves
+        self.agent_timeout_s = agent_defaults(self.agent).get("timeout_s")
         self.worker_id = worker_id or default_worker_id()
         self.concurrency = concurrency
         self.claim_wait_s = claim_wait_s
@@ -91,16 +105,26 @@ class Runner:
         self.llm_factory = llm_factory
         self.env = env  # an EnvSource (rollfleet.pool): leased around every rollout as ctx.env
         self.on_event = on_event or (lambda *a, **k: None)
-        self.metadata = {"host": socket.gethostname(), "pid": os.getpid(), "concurrency": concurrency,
-                         **(metadata or {})}
+        self.metadata = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "concurrency": concurrency,
+            **(metadata or {}),
+        }
         self.stats = RunnerStats()
         self._live: dict[str, _Live] = {}
-        self._slot_freed = asyncio.Event()
+        self._loops = TaskSet(log, self.worker_id)  # heartbeats, step flushes, the stop waiter
+        self._work = TaskSet(log, self.worker_id)  # rollouts, their first heartbeats, their ends
+        self._wake = asyncio.Event()  # the claim loop looks again: slot freed, stop(), loop ended
         self._stopping = asyncio.Event()
         self._aborting = False
         self._resources: tuple[float, Resources | None] = (0.0, None)
-        self._completions: NaturalBatcher[Completion, CompletionOutcome] = NaturalBatcher(store.complete_many)
-        self._starts: NaturalBatcher[str, HeartbeatReply | None] = NaturalBatcher(self._heartbeat_aligned)
+        self._completions: NaturalBatcher[Completion, CompletionOutcome] = NaturalBatcher(
+            store.complete_many
+        )
+        self._starts: NaturalBatcher[str, HeartbeatReply | None] = NaturalBatcher(
+            self._heartbeat_aligned
+        )
 
     # --- control --------------------------------------------------------------------------------
 
@@ -108,9 +132,9 @@ class Runner:
         """First call: drain (finish within grace_s, then release). Second call: release now."""
         if self._stopping.is_set():
             self._aborting = True
-            for live in self._live.values():
-                self._cancel(live, release=True)
+            self._release_all()
         self._stopping.set()
+        self._wake.set()
 
     @property
     def active(self) -> int:
@@ -123,45 +147,50 @@ class Runner:
         """Run until stop(); returns what was done."""
         await self.store.register_worker(self.worker_id, self.metadata, lease_s=self.lease_s)
         self.on_event("worker_started", worker_id=self.worker_id)
-        side = [asyncio.create_task(self._heartbeat_loop(), name="rollfleet-heartbeat"),
-                asyncio.create_task(self._flush_loop(), name="rollfleet-steps")]
+        side = [
+            self._loops.spawn(self._heartbeat_loop(), "rollfleet-heartbeat"),
+            self._loops.spawn(self._flush_loop(), "rollfleet-steps"),
+        ]
+        for task in side:
+            task.add_done_callback(lambda _: self._wake.set())  # a dead side loop stops the runner
         try:
             await self._claim_loop(side)
             await self._drain()
         finally:
-            for task in side:
-                task.cancel()
-            for task in side:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await self._end_work()
+            await self._loops.cancel()
             with contextlib.suppress(RollfleetError):
                 await self.store.update_worker(self.worker_id, WorkerStatus.OFFLINE)
             self.on_event("worker_stopped", worker_id=self.worker_id)
         return self.stats
 
     async def _claim_loop(self, side: list[asyncio.Task[None]]) -> None:
-        stop_wait = asyncio.create_task(self._stopping.wait())
+        stop_wait = self._loops.spawn(self._stopping.wait(), "rollfleet-stop-wait")
+        while not self._stopping.is_set():
+            self._wake.clear()  # before looking, so that a change from now on wakes the wait below
+            self._check_side_tasks(side)
+            free = self.concurrency - len(self._live)
+            if free <= 0:
+                await self._wake.wait()  # a slot freed, stop(), or a side loop ended
+                continue
+            rollouts = await self._claim(free, stop_wait)
+            if rollouts:
+                await self._start_all(rollouts)
+
+    async def _claim(self, free: int, stop_wait: asyncio.Task[Any]) -> list[Rollout]:
+        """Long-poll for up to ``free`` rollouts; stop() lets it end, a second stop() cuts it."""
+        claim = asyncio.create_task(
+            self.store.claim(self.worker_id, self.claim_wait_s, free), name="rollfleet-claim"
+        )
         try:
-            while not self._stopping.is_set():
-                self._check_side_tasks(side)
-                free = self.concurrency - len(self._live)
-                if free <= 0:
-                    self._slot_freed.clear()
-                    await asyncio.wait([stop_wait, asyncio.create_task(self._slot_freed.wait())],
-                                       return_when=asyncio.FIRST_COMPLETED, timeout=1.0)
-                    continue
-                claim = asyncio.create_task(self.store.claim(self.worker_id, self.claim_wait_s, free))
-                await asyncio.wait([claim, stop_wait], return_when=asyncio.FIRST_COMPLETED)
-                if not claim.done():
-                    if self._aborting:
-                        claim.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await asyncio.wait([claim])
-                rollouts = await self._claimed(claim)
-                if rollouts:
-                    await self._start_all(rollouts)
+            await asyncio.wait([claim, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+            if not claim.done():
+                if self._aborting:
+                    claim.cancel()
+                await asyncio.wait([claim])
         finally:
-            stop_wait.cancel()
+            claim.cancel()  # only if run() itself was cancelled while the claim was in flight
+        return await self._claimed(claim)
 
     async def _claimed(self, claim: asyncio.Task[list[Rollout]]) -> list[Rollout]:
         if claim.cancelled():
@@ -190,9 +219,13 @@ class Runner:
                 live.release = True
                 self._finish_later(live, None)
                 continue
-            live.task = asyncio.create_task(self._execute(live), name=f"rollout-{rollout.rollout_id}")
-            self.on_event("rollout_started", worker_id=self.worker_id, rollout_id=rollout.rollout_id,
-                          input=rollout.input)
+            live.task = self._work.spawn(self._execute(live), f"rollout-{rollout.rollout_id}")
+            self.on_event(
+                "rollout_started",
+                worker_id=self.worker_id,
+                rollout_id=rollout.rollout_id,
+                input=rollout.input,
+            )
 
     async def _latest_resources(self) -> Resources | None:
         fetched_at, cached = self._resources
@@ -206,9 +239,8 @@ class Runner:
 
     async def _execute(self, live: _Live) -> None:
         rollout, ctx = live.rollout, live.ctx
-        outcome: tuple[AttemptStatus, RolloutResult | None, str | None] | None = None
-        started = asyncio.ensure_future(self._starts.submit(ctx.attempt_id))  # PREPARING → RUNNING, batched
-        started.add_done_callback(lambda fut: self._on_started(live, fut))
+        outcome: Outcome = None
+        self._work.spawn(self._first_heartbeat(live), f"rollout-{rollout.rollout_id}-start")
         try:
             if self.llm_factory is not None:
                 ctx.llm = self.llm_factory(rollout)
@@ -219,42 +251,51 @@ class Runner:
                 except Exception as exc:
                     outcome = (AttemptStatus.FAILED, None, _describe(exc))
         except TimeoutError:
-            outcome = (AttemptStatus.TIMEOUT, None, f"timeout_s={rollout.config.timeout_s} exceeded")
+            limit = f"timeout_s={rollout.config.timeout_s} exceeded"
+            outcome = (AttemptStatus.TIMEOUT, None, limit)
         except asyncio.CancelledError:
             outcome = None  # stopped by the store, or released by this runner's shutdown
         self._finish_later(live, outcome)
 
     async def _heartbeat_aligned(self, attempt_ids: list[str]) -> list[HeartbeatReply | None]:
-        replies = {r.attempt_id: r for r in await self.store.heartbeat_many(attempt_ids, self.worker_id)}
+        replies = {
+            r.attempt_id: r for r in await self.store.heartbeat_many(attempt_ids, self.worker_id)
+        }
         return [replies.get(a) for a in attempt_ids]
 
-    def _on_started(self, live: _Live, fut: asyncio.Future[HeartbeatReply | None]) -> None:
-        """The first heartbeat's answer: an attempt the store no longer knows as live is stopped."""
-        if fut.cancelled():
+    async def _first_heartbeat(self, live: _Live) -> None:
+        """PREPARING → RUNNING, batched; an attempt the store no longer knows as live is stopped."""
+        try:
+            reply = await self._starts.submit(live.ctx.attempt_id)
+        except Exception as exc:  # logged, as any failed heartbeat is; the heartbeat loop goes on
+            log.warning(
+                "%s: first heartbeat for %s failed: %s",
+                self.worker_id,
+                live.rollout.rollout_id,
+                exc,
+            )
             return
-        if fut.exception() is not None:
-            log.warning("%s: first heartbeat for %s failed: %s", self.worker_id, live.rollout.rollout_id,
-                        fut.exception())
-            return
-        reply = fut.result()
         if reply is None or not reply.keep_going:
-            log.info("%s: %s is no longer ours; stopping it", self.worker_id, live.rollout.rollout_id)
+            log.info(
+                "%s: %s is no longer ours; stopping it", self.worker_id, live.rollout.rollout_id
+            )
             self._cancel(live, by_store=True)
 
     async def _call_agent(self, rollout: Rollout, ctx: RolloutContext) -> Any:
         """Run the agent, inside a lease on an environment when the runner has an env source."""
         if self.env is None:
             return await self.agent(rollout.input, ctx)
-        async with self.env.lease(attempt_id=ctx.attempt_id, timeout=rollout.config.timeout_s) as instance:
+        async with self.env.lease(
+            attempt_id=ctx.attempt_id, timeout=rollout.config.timeout_s
+        ) as instance:
             ctx.env = instance
             return await self.agent(rollout.input, ctx)
 
-    def _finish_later(self, live: _Live, outcome: tuple[AttemptStatus, RolloutResult | None, str | None] | None) -> None:
-        """Persist the end of an attempt in a task of its own: cancelling the agent cannot interrupt it."""
-        task = asyncio.create_task(self._finish(live, outcome))
-        task.add_done_callback(lambda t: None if t.cancelled() else t.exception())
+    def _finish_later(self, live: _Live, outcome: Outcome) -> None:
+        """Record an attempt's end in a task of its own: cancelling the agent cannot stop it."""
+        self._work.spawn(self._finish(live, outcome), f"rollout-{live.rollout.rollout_id}-finish")
 
-    async def _finish(self, live: _Live, outcome: tuple[AttemptStatus, RolloutResult | None, str | None] | None) -> None:
+    async def _finish(self, live: _Live, outcome: Outcome) -> None:
         attempt_id = live.ctx.attempt_id
         try:
             await self._flush(live)
@@ -265,23 +306,34 @@ class Runner:
                 self.stats.released += 1
             else:
                 status, result, error = outcome
-                answer = await self._completions.submit(Completion(attempt_id=attempt_id, status=status,
-                                                                   result=result, error=error))
+                answer = await self._completions.submit(
+                    Completion(attempt_id=attempt_id, status=status, result=result, error=error)
+                )
                 if answer.rollout_status is None:
                     raise error_named(answer.error_type, answer.error or "refused")
                 self._count(status)
-                self.on_event("rollout_finished", worker_id=self.worker_id, rollout_id=live.rollout.rollout_id,
-                              status=status.value, rollout_status=answer.rollout_status.value,
-                              reward=None if result is None else result.reward, error=error)
+                self.on_event(
+                    "rollout_finished",
+                    worker_id=self.worker_id,
+                    rollout_id=live.rollout.rollout_id,
+                    status=status.value,
+                    rollout_status=answer.rollout_status.value,
+                    reward=None if result is None else result.reward,
+                    error=error,
+                )
         except (Conflict, NotFound) as exc:
             self.stats.fenced += 1
             log.info("%s: result for %s refused: %s", self.worker_id, live.rollout.rollout_id, exc)
         except RollfleetError as exc:
-            log.warning("%s: could not record the end of %s: %s (its lease will expire and it is retried)",
-                        self.worker_id, live.rollout.rollout_id, exc)
+            log.warning(
+                "%s: could not record the end of %s: %s (its lease will expire and it is retried)",
+                self.worker_id,
+                live.rollout.rollout_id,
+                exc,
+            )
         finally:
             self._live.pop(attempt_id, None)
-            self._slot_freed.set()
+            self._wake.set()
             if not self._live and not self._stopping.is_set():
                 with contextlib.suppress(RollfleetError):
                     await self.store.update_worker(self.worker_id, WorkerStatus.IDLE)
@@ -320,7 +372,12 @@ class Runner:
             for reply in replies:
                 live = self._live.get(reply.attempt_id)
                 if live is not None and not reply.keep_going and not live.release:
-                    log.info("%s: store stopped %s (%s)", self.worker_id, live.rollout.rollout_id, reply.status.value)
+                    log.info(
+                        "%s: store stopped %s (%s)",
+                        self.worker_id,
+                        live.rollout.rollout_id,
+                        reply.status.value,
+                    )
                     self._cancel(live, by_store=True)
 
     async def _flush_loop(self) -> None:
@@ -338,19 +395,36 @@ class Runner:
         except (Conflict, NotFound):
             pass  # the attempt no longer owns the rollout: its steps are refused, as they must be
         except RollfleetError as exc:
-            log.warning("%s: steps for %s not saved: %s", self.worker_id, live.rollout.rollout_id, exc)
+            log.warning(
+                "%s: steps for %s not saved: %s", self.worker_id, live.rollout.rollout_id, exc
+            )
 
     async def _drain(self) -> None:
-        pending = [lv.task for lv in self._live.values() if lv.task is not None]
-        if pending and not self._aborting:
-            await asyncio.wait(pending, timeout=self.grace_s)
+        """Give the running rollouts ``grace_s`` to end (none after a second stop())."""
+        running = [lv.task for lv in self._live.values() if lv.task is not None]
+        if running and not self._aborting:
+            await asyncio.wait(running, timeout=self.grace_s)
+
+    async def _end_work(self) -> None:
+        """Release what still runs and wait for every end to be recorded; then cut off the rest.
+
+        After a drain this releases the rollouts that outlived the grace period; after a crash
+        (a side loop died) or a cancelled run() it releases them all.
+        """
+        self._release_all()
+        if await self._work.join(RECORD_S):
+            return
+        log.warning(
+            "%s: %d tasks did not end within %ss of shutdown; cancelling them",
+            self.worker_id,
+            len(self._work),
+            RECORD_S,
+        )
+        await self._work.cancel(CUT_OFF_S)
+
+    def _release_all(self) -> None:
         for live in list(self._live.values()):
             self._cancel(live, release=True)
-        deadline = time.monotonic() + 30.0
-        while self._live and time.monotonic() < deadline:
-            self._slot_freed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._slot_freed.wait(), 1.0)
 
 
 def _describe(exc: BaseException) -> str:
