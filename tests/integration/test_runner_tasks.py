@@ -186,3 +186,26 @@ async def test_a_dead_heartbeat_loop_stops_a_busy_runner_at_once_and_releases_it
 async def _returns_one(input: Any, ctx: Any) -> float:
     """Finish at once."""
     return 1.0
+
+
+async def test_a_failing_llm_factory_fails_the_attempt_and_frees_the_slot(store: SqlStore) -> None:
+    async def agent(input: Any, ctx: Any) -> float:
+        return 1.0
+
+    def broken_llm(rollout: Any) -> Any:
+        raise RuntimeError("no gateway at that URL")
+
+    runner = Runner(store, agent, worker_id="w-llm", concurrency=1, llm_factory=broken_llm)
+    made = await store.enqueue_many(
+        [RolloutSpec(input={"i": i}, config=RolloutConfig(max_attempts=1)) for i in range(3)]
+    )
+    running = asyncio.create_task(runner.run())
+    try:
+        done = await store.wait_for_rollouts([r.rollout_id for r in made], 30)
+    finally:
+        runner.stop()
+        await running
+    # one slot served all three: each failure was recorded and gave the slot back
+    assert [r.status for r in done] == [RolloutStatus.FAILED] * 3
+    attempts = (await store.query_attempts(made[0].rollout_id)).items
+    assert "no gateway at that URL" in (attempts[0].error or "")

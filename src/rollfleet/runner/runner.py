@@ -242,10 +242,10 @@ class Runner:
         outcome: Outcome = None
         self._work.spawn(self._first_heartbeat(live), f"rollout-{rollout.rollout_id}-start")
         try:
-            if self.llm_factory is not None:
-                ctx.llm = self.llm_factory(rollout)
             async with asyncio.timeout(rollout.config.timeout_s or self.agent_timeout_s):
                 try:
+                    if self.llm_factory is not None:  # its failure is the attempt's, not the runner's
+                        ctx.llm = self.llm_factory(rollout)
                     value = await self._call_agent(rollout, ctx)
                     outcome = (AttemptStatus.SUCCEEDED, to_result(value), None)
                 except Exception as exc:
