@@ -102,11 +102,11 @@ async def run_policy(policy: StragglerPolicy, plan: list[list[float]], workdir: 
                                      min_wait_num=None if policy is StragglerPolicy.WAIT else MIN_WAIT, policy=policy)
             result = await coord.finalize_train_batch(batch_id)
             steps.append(time.monotonic() - t0)
-            batch = await coord.get_batch(batch_id)
+            batch = await coord.get_batch_state(batch_id)
             used.update(batch.included)
-            delivered.append(result["rollouts_by_status"]["succeeded"])
+            delivered.append(result.rollouts_by_status[RolloutStatus.SUCCEEDED])
             staleness.extend(batch.included.values())
-        pending = {r for c in (await coord.get_batch(f"{policy.value}-{STEPS - 1}")).carry_pool for r in c.rollout_ids}
+        pending = {r for c in (await coord.get_batch_state(f"{policy.value}-{STEPS - 1}")).carry_pool for r in c.rollout_ids}
         await _drain(store, pending)
     finally:
         done.set()

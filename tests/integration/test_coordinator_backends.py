@@ -17,7 +17,7 @@ async def test_carry_over_survives_a_new_coordinator(case: StoreCase) -> None:
     attempts = {r.rollout_id: r.attempt.attempt_id for r in await store.claim("w", max_n=10)}
     for rid in ("s1:0:0", "s1:1:0"):
         await store.complete(attempts[rid], AttemptStatus.SUCCEEDED, RolloutResult(reward=1.0))
-    assert (await first.finalize_train_batch("s1"))["carried_out_task_count"] == 1
+    assert (await first.finalize_train_batch("s1")).carried_out_task_count == 1
 
     second = RolloutCoordinator(store, poll_interval_s=0.05, collect_tokens=False)
     await second.submit_batch("s2", ["d"])
@@ -25,7 +25,7 @@ async def test_carry_over_survives_a_new_coordinator(case: StoreCase) -> None:
     for rid in ("s1:2:0", "s2:0:0"):
         await store.complete(attempts[rid], AttemptStatus.SUCCEEDED, RolloutResult(reward=0.0))
     result = await second.finalize_train_batch("s2")
-    assert result["carried_in_task_count"] == 1 and result["metrics"]["staleness/max"] == 1.0
+    assert result.carried_in_task_count == 1 and result.metrics["staleness/max"] == 1.0
     assert await second.finalize_train_batch("s1") == await first.finalize_train_batch("s1")
 
 
@@ -36,4 +36,4 @@ async def test_dead_dispatch_is_reaped_while_finalize_waits(case: StoreCase) -> 
     await store.claim("dead")
     clock.advance(10.0)  # the lease lapses; nobody claims again, so only finalize's reaping notices
     result = await asyncio.wait_for(coord.finalize_train_batch("s1"), 30)
-    assert result["rollouts_by_status"]["failed"] == 1 and result["finished_task_count"] == 1
+    assert result.rollouts_by_status["failed"] == 1 and result.finished_task_count == 1

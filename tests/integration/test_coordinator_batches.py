@@ -70,8 +70,8 @@ async def test_finalize_all_aggregates_and_is_idempotent(store: Store, coord: Ro
     attempts = await claim_all(store)
     await finish(store, attempts, {"s1:0:0": 1.0, "s1:1:0": 0.0, "s1:2:0": 0.5, "s1:3:0": 0.5})
     result = await coord.finalize_train_batch("s1")
-    assert result["batch_id"] == "s1" and result["batch_type"] == "train" and result["finished_task_count"] == 4
-    metrics = result["metrics"]
+    assert result.batch_id == "s1" and result.batch_type == "train" and result.finished_task_count == 4
+    metrics = result.metrics
     assert metrics["reward/mean"] == 0.5 and metrics["reward/max"] == 1.0 and metrics["reward/min"] == 0.0
     assert metrics["reward/std"] == pytest.approx(0.125 ** 0.5)
     assert metrics["metric/turns/mean"] == 2.0 and metrics["latency/max"] >= 0.0
@@ -100,8 +100,8 @@ async def test_partial_finalize_at_min_wait_num_carries_stragglers_into_next_bat
     attempts = await claim_all(store)
     await finish(store, attempts, {"s1:0:0": 1.0, "s1:1:0": 1.0, "s1:2:0": 0.0})
     first = await coord.finalize_train_batch("s1", wait_after_min=0.0)
-    assert first["finished_task_count"] == 3 and first["carried_out_task_count"] == 1
-    assert first["metrics"]["reward/mean"] == pytest.approx(2 / 3)
+    assert first.finished_task_count == 3 and first.carried_out_task_count == 1
+    assert first.metrics["reward/mean"] == pytest.approx(2 / 3)
     straggler = await store.get_rollout("s1:3:0")
     assert straggler.status is RolloutStatus.PREPARING  # still running, not cancelled
     assert (await coord.get_batch("s1")).carried_out == ["s1:3"]
@@ -110,28 +110,28 @@ async def test_partial_finalize_at_min_wait_num_carries_stragglers_into_next_bat
     attempts.update(await claim_all(store))
     await finish(store, attempts, {"s1:3:0": 0.25, "s2:0:0": 1.0, "s2:1:0": 1.0})
     second = await coord.finalize_train_batch("s2")
-    assert second["finished_task_count"] == 2 and second["carried_in_task_count"] == 1
-    assert second["rollout_count"] == 3 and second["metrics"]["staleness/max"] == 1.0
-    assert (await coord.get_batch("s2")).included == {"s2:0:0": 0, "s2:1:0": 0, "s1:3:0": 1}
-    assert (await coord.get_batch("s2")).carry_pool == []
+    assert second.finished_task_count == 2 and second.carried_in_task_count == 1
+    assert second.rollout_count == 3 and second.metrics["staleness/max"] == 1.0
+    assert (await coord.get_batch_state("s2")).included == {"s2:0:0": 0, "s2:1:0": 0, "s1:3:0": 1}
+    assert (await coord.get_batch_state("s2")).carry_pool == []
 
 
 async def test_carried_group_waits_whole_and_grows_staler(store: Store, coord: RolloutCoordinator) -> None:
     await coord.submit_batch("s1", ["a", "b"], min_wait_num=1, repeat_times=2)
     attempts = await claim_all(store)
     await finish(store, attempts, {"s1:0:0": 1.0, "s1:0:1": 0.0, "s1:1:0": 0.5})  # s1:1:1 still runs
-    assert (await coord.finalize_train_batch("s1"))["carried_out_task_count"] == 1
+    assert (await coord.finalize_train_batch("s1")).carried_out_task_count == 1
     await coord.submit_batch("s2", ["c"], repeat_times=2)
     attempts.update(await claim_all(store))
     await finish(store, attempts, {"s2:0:0": 1.0, "s2:0:1": 1.0})
     second = await coord.finalize_train_batch("s2")
-    assert second["carried_in_task_count"] == 0  # half a group never joins: GRPO needs it whole
+    assert second.carried_in_task_count == 0  # half a group never joins: GRPO needs it whole
     await coord.submit_batch("s3", ["d"], repeat_times=2)
     attempts.update(await claim_all(store))
     await finish(store, attempts, {"s1:1:1": 0.0, "s3:0:0": 1.0, "s3:0:1": 0.0})
     third = await coord.finalize_train_batch("s3")
-    assert third["carried_in_task_count"] == 1
-    assert {k: v for k, v in (await coord.get_batch("s3")).included.items() if k.startswith("s1")} == {
+    assert third.carried_in_task_count == 1
+    assert {k: v for k, v in (await coord.get_batch_state("s3")).included.items() if k.startswith("s1")} == {
         "s1:1:0": 2, "s1:1:1": 2}
 
 
@@ -147,8 +147,8 @@ async def test_cancel_policy_cancels_stragglers_and_calls_the_abort_hook(
     attempts = await claim_all(store)
     await finish(store, attempts, {"s1:0:0": 1.0, "s1:1:0": 0.0})
     result = await coord.finalize_train_batch("s1")
-    assert result["finished_task_count"] == 2 and result["carried_out_task_count"] == 0
-    assert result["rollouts_by_status"] == {"succeeded": 2, "failed": 0, "cancelled": 2}
+    assert result.finished_task_count == 2 and result.carried_out_task_count == 0
+    assert result.rollouts_by_status == {"succeeded": 2, "failed": 0, "cancelled": 2}
     assert sorted(aborted) == ["s1:2:0", "s1:3:0"]
     assert (await store.get_rollout("s1:3:0")).status is RolloutStatus.CANCELLED
     with pytest.raises(Conflict):  # the runner's late result is fenced
@@ -160,8 +160,8 @@ async def test_timeout_keeps_every_finished_result(store: Store, coord: RolloutC
     attempts = await claim_all(store)
     await finish(store, attempts, {"s1:0:0": 1.0, "s1:1:0": 0.0})
     result = await coord.finalize_train_batch("s1", timeout=0.2)
-    assert result["finished_task_count"] == 2 and result["rollouts_by_status"]["succeeded"] == 2
-    assert result["carried_out_task_count"] == 1  # a timeout never throws the straggler's work away
+    assert result.finished_task_count == 2 and result.rollouts_by_status["succeeded"] == 2
+    assert result.carried_out_task_count == 1  # a timeout never throws the straggler's work away
     assert (await store.get_rollout("s1:2:0")).status is RolloutStatus.PREPARING
 
 
@@ -178,13 +178,13 @@ async def test_abort_cancels_queued_and_running_and_keeps_finished_if_asked(stor
     await coord.submit_batch("s2", ["c"], repeat_times=2)  # stays queued
     await finish(store, attempts, {"s1:0:0": 0.75})
     result = await coord.abort_batch("s1", reason="diverged", keep_partial_results=True)
-    assert result["aborted"] and result["reason"] == "diverged"
-    assert result["metrics"]["reward/mean"] == 0.75 and result["finished_task_count"] == 1
+    assert result.aborted and result.reason == "diverged"
+    assert result.metrics["reward/mean"] == 0.75 and result.finished_task_count == 1
     assert hooked == ["s1:1:0"]
     assert (await store.get_rollout("s1:1:0")).status is RolloutStatus.CANCELLED
     assert await coord.abort_batch("s1", reason="again") == result
     queued = await coord.abort_batch("s2", reason="stop")
-    assert queued["rollout_count"] == 0 and (await store.get_rollout("s2:0:0")).status is RolloutStatus.CANCELLED
+    assert queued.rollout_count == 0 and (await store.get_rollout("s2:0:0")).status is RolloutStatus.CANCELLED
     assert (await store.get_state("batch/s2"))["state"] == "aborted"
 
 
@@ -199,9 +199,8 @@ async def test_abort_of_finalized_batch_is_refused(store: Store, coord: RolloutC
 async def test_abort_interrupts_a_finalize_that_is_waiting(store: Store, coord: RolloutCoordinator) -> None:
     await coord.submit_batch("s1", ["a", "b"])
     finalize = asyncio.create_task(coord.finalize_train_batch("s1"))
-    batch = await coord.get_batch("s1")
     async with asyncio.timeout(10):
-        while batch.state is not BatchLifecycleState.FINALIZING:
+        while (await coord.get_batch("s1")).state is not BatchLifecycleState.FINALIZING:
             await asyncio.sleep(0)
     await coord.abort_batch("s1", reason="operator")
     with pytest.raises(Conflict, match="aborted"):
@@ -215,8 +214,8 @@ async def test_eval_batch_reports_at_n_and_at_k(store: Store, coord: RolloutCoor
                "ev:1:0": 0.0, "ev:1:1": 0.0, "ev:1:2": 0.0, "ev:1:3": 0.0}
     await finish(store, attempts, rewards)
     result = await coord.finalize_eval_batch("ev")
-    metrics = result["metrics"]
-    assert result["finished_task_count"] == 2
+    metrics = result.metrics
+    assert result.finished_task_count == 2
     assert metrics["mean@4"] == pytest.approx(0.25) and metrics["std@4"] == pytest.approx(0.25)
     assert metrics["best@2"] == pytest.approx(5 / 12) and metrics["worst@2"] == pytest.approx(1 / 12)
     assert metrics["pass@4"] == pytest.approx(0.5)
@@ -228,5 +227,5 @@ async def test_eval_timeout_cancels_stragglers_and_keeps_the_rest(store: Store, 
     attempts = await claim_all(store)
     await finish(store, attempts, {"ev:0:0": 1.0, "ev:0:1": 1.0, "ev:1:0": 0.0})
     result = await coord.finalize_eval_batch("ev", timeout=0.1)
-    assert result["rollouts_by_status"] == {"succeeded": 3, "failed": 0, "cancelled": 1}
-    assert result["metrics"]["mean@2"] == pytest.approx(0.5)  # task y scored on the sample it has
+    assert result.rollouts_by_status == {"succeeded": 3, "failed": 0, "cancelled": 1}
+    assert result.metrics["mean@2"] == pytest.approx(0.5)  # task y scored on the sample it has

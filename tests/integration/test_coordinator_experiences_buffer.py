@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import importlib.util
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from support import require
 
 from rollfleet.client import connect
-from rollfleet.coordinator import RolloutCoordinator, read_experiences
+from rollfleet.coordinator import RolloutCoordinator, aggregate, read_experiences
 from rollfleet.errors import Conflict
-from rollfleet.model import AttemptStatus, RolloutConfig, RolloutResult, StepIn
+from rollfleet.model import AttemptStatus, RolloutConfig, RolloutResult, RolloutSpec, StepIn
 
 
 def _llm(prompt: list[int], completion: list[int], version: int) -> StepIn:
@@ -22,11 +24,25 @@ def _llm(prompt: list[int], completion: list[int], version: int) -> StepIn:
     })
 
 
+class CountingStore:
+    """A real store that counts the step reads made through it."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.calls: Counter[str] = Counter()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("query_steps"):
+            self.calls[name] += 1
+        return getattr(self.store, name)
+
+
 async def test_experiences_carry_tokens_masks_and_hand_checked_grpo_advantages(tmp_path: Path) -> None:
     require(importlib.util.find_spec("pyarrow") is not None, "pyarrow (rollfleet[coordinator])")
     store = connect(f"sqlite:///{tmp_path}/rf.db")
+    counted = CountingStore(store)
     try:
-        coord = RolloutCoordinator(store, experience_dir=tmp_path / "buffer", poll_interval_s=0.05)
+        coord = RolloutCoordinator(counted, experience_dir=tmp_path / "buffer", poll_interval_s=0.05)
         await coord.submit_batch("s1", ["q0", "q1"], repeat_times=3, config=RolloutConfig(max_attempts=1))
         claimed = {r.rollout_id: r.attempt.attempt_id for r in await store.claim("w", max_n=10) if r.attempt}
         rewards = {"s1:0:0": 1.0, "s1:0:1": 0.0, "s1:0:2": 0.0, "s1:1:0": 0.5, "s1:1:1": 0.5}
@@ -40,10 +56,10 @@ async def test_experiences_carry_tokens_masks_and_hand_checked_grpo_advantages(t
         with pytest.raises(Conflict, match="finalize it before"):
             await coord.process_experiences("s1")
         final = await coord.finalize_train_batch("s1")
-        assert final["metrics"]["tokens/completion_total"] == 15.0  # 3 generated tokens × 5 rollouts
+        assert final.metrics["tokens/completion_total"] == 15.0  # 3 generated tokens × 5 rollouts
         out = await coord.process_experiences("s1")
-        assert out["experience_count"] == 5 and out["rollout_count"] == 5 and out["group_count"] == 2
-        assert Path(out["path"]) == tmp_path / "buffer" / "s1.parquet"
+        assert out.experience_count == 5 and out.rollout_count == 5 and out.group_count == 2
+        assert Path(out.path) == tmp_path / "buffer" / "s1.parquet"
 
         rows = {e.rollout_id: e for e in read_experiences(tmp_path / "buffer")}
         assert set(rows) == set(rewards)  # the failed rollout has no reward, so no experience
@@ -58,7 +74,9 @@ async def test_experiences_carry_tokens_masks_and_hand_checked_grpo_advantages(t
         assert rows["s1:0:1"].advantage == pytest.approx((0 - mean) / (std + 1e-6))
         assert rows["s1:1:0"].advantage == rows["s1:1:1"].advantage == 0.0  # the failed one is left out
         again = await coord.process_experiences("s1")
-        assert again["experience_count"] == 5 and len(read_experiences(again["path"])) == 5
+        assert again.experience_count == 5 and len(read_experiences(again.path)) == 5
+        # one query for the 5 rollouts' steps in each finalize and each processing, none per rollout
+        assert counted.calls == {"query_steps_many": 3}
     finally:
         await store.close()
 
@@ -76,8 +94,26 @@ async def test_rollouts_without_llm_steps_give_tokenless_rows_with_policy_versio
             await store.complete(r.attempt.attempt_id, AttemptStatus.SUCCEEDED, RolloutResult(reward=1.0))
         await coord.finalize_train_batch("s1")
         out = await coord.process_experiences("s1", output_dir=tmp_path / "other")
-        assert out["experiences_without_tokens"] == 2
-        rows = read_experiences(out["path"])
+        assert out.experiences_without_tokens == 2
+        rows = read_experiences(out.path)
         assert {e.policy_version for e in rows} == {2} and all(e.tokens == [] for e in rows)
+    finally:
+        await store.close()
+
+
+async def test_steps_come_a_rollout_at_a_time_across_pages_and_id_chunks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(aggregate, "MAX_STEP_ROLLOUTS", 2)  # 3 rollouts: two queries
+    monkeypatch.setattr(aggregate, "STEPS_PAGE", 2)  # 3 steps a rollout: a rollout spans pages
+    store = connect(f"sqlite:///{tmp_path}/rf.db")
+    try:
+        await store.enqueue_many([RolloutSpec(rollout_id=f"r{i}", input=i) for i in range(4)])
+        for r in await store.claim("w", max_n=4):
+            if r.rollout_id != "r1":  # r1 has no steps
+                await store.add_steps(r.attempt.attempt_id, [StepIn(kind="llm", payload={"j": j})
+                                                             for j in range(3)])
+        got = [(rid, [st.payload["j"] for st in steps])
+               async for rid, steps in aggregate.steps_by_rollout(store, ["r3", "r0", "r1", "r2"])]
+        assert got == [("r0", [0, 1, 2]), ("r3", [0, 1, 2]), ("r2", [0, 1, 2])]
     finally:
         await store.close()

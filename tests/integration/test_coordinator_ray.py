@@ -12,7 +12,7 @@ import pytest
 from support import require
 
 from rollfleet.client import connect
-from rollfleet.coordinator import RolloutCoordinator
+from rollfleet.coordinator import BatchInfo, BatchLifecycleState, FinalizeResult, get_actor
 from rollfleet.model import AttemptStatus, RolloutResult
 
 pytestmark = pytest.mark.ray
@@ -30,18 +30,19 @@ def ray_cluster() -> Iterator[Any]:
 
 async def test_actor_submits_and_finalizes_on_the_shared_store(ray_cluster: Any, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path.resolve()}/rf.db"
-    actor = RolloutCoordinator.get_actor(url, name="coord-test", poll_interval_s=0.05)
-    same = RolloutCoordinator.get_actor(url, name="coord-test")
+    actor = get_actor(url, name="coord-test", poll_interval_s=0.05)
+    same = get_actor(url, name="coord-test")
     assert same._actor_id == actor._actor_id  # named: found again, not created twice
     state = await actor.submit_batch.remote("s1", ["a", "b"], "train", None, 2)
-    assert state["state"] == "running" and state["repeat_times"] == 2
+    assert isinstance(state, BatchInfo) and state.repeat_times == 2
+    assert state.state is BatchLifecycleState.RUNNING
     store = connect(url)
     try:
         for r in await store.claim("w", max_n=10):
             assert r.attempt is not None
             await store.complete(r.attempt.attempt_id, AttemptStatus.SUCCEEDED, RolloutResult(reward=0.5))
         result = await actor.finalize_train_batch.remote("s1", timeout=60)
-        assert result["finished_task_count"] == 2 and result["metrics"]["reward/mean"] == 0.5
+        assert isinstance(result, FinalizeResult) and result.finished_task_count == 2 and result.metrics["reward/mean"] == 0.5
         assert (await store.get_state("batch/s1"))["state"] == "finalized"
     finally:
         await store.close()

@@ -44,8 +44,8 @@ async def test_coordinator_killed_mid_finalize_resumes_with_no_loss(tmp_path: Pa
         assert (await coord_b.get_batch("s1")).state is BatchLifecycleState.FINALIZING
         await finish(store_b, attempts, {"s1:2:0": 1.0, "s1:3:0": 1.0})
         result = await coord_b.finalize_train_batch("s1")
-        assert result["finished_task_count"] == 4 and result["rollout_count"] == 4
-        assert result["metrics"]["reward/mean"] == 0.75
+        assert result.finished_task_count == 4 and result.rollout_count == 4
+        assert result.metrics["reward/mean"] == 0.75
     finally:
         await store_b.close()
 
@@ -57,7 +57,7 @@ async def test_carried_stragglers_survive_a_restart(tmp_path: Path) -> None:
     await coord_a.submit_batch("s1", ["a", "b"], min_wait_num=1)
     attempts = await claim_all(store_a)
     await finish(store_a, attempts, {"s1:0:0": 1.0})
-    assert (await coord_a.finalize_train_batch("s1"))["carried_out_task_count"] == 1
+    assert (await coord_a.finalize_train_batch("s1")).carried_out_task_count == 1
     await store_a.close()
 
     store_b = connect(url)
@@ -67,8 +67,8 @@ async def test_carried_stragglers_survive_a_restart(tmp_path: Path) -> None:
         attempts.update(await claim_all(store_b))
         await finish(store_b, attempts, {"s1:1:0": 0.5, "s2:0:0": 1.0})
         result = await coord_b.finalize_train_batch("s2")
-        assert result["carried_in_task_count"] == 1
-        assert (await coord_b.get_batch("s2")).included == {"s2:0:0": 0, "s1:1:0": 1}
+        assert result.carried_in_task_count == 1
+        assert (await coord_b.get_batch_state("s2")).included == {"s2:0:0": 0, "s1:1:0": 1}
     finally:
         await store_b.close()
 
@@ -106,7 +106,7 @@ async def test_runner_killed_at_dispatch_does_not_stall_the_batch(tmp_path: Path
         result = await asyncio.wait_for(coord.finalize_train_batch("s1"), 30)
         stop.set()
         await worker
-        assert result["finished_task_count"] == 3 and result["rollouts_by_status"]["succeeded"] == 3
+        assert result.finished_task_count == 3 and result.rollouts_by_status["succeeded"] == 3
         retried = await store.get_rollout(dead.rollout_id)
         assert retried.status is RolloutStatus.SUCCEEDED and retried.num_attempts == 2
     finally:

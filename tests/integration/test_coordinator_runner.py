@@ -60,7 +60,7 @@ async def test_runner_killed_at_dispatch_does_not_stall_the_batch(store: Store) 
     runner = Runner(store, "rollfleet.agents.sleep", worker_id="live", concurrency=3, claim_wait_s=0.2)
     async for _ in _running(runner):
         result = await asyncio.wait_for(coord.finalize_train_batch("s1"), 60)
-    assert result["finished_task_count"] == 6 and result["rollouts_by_status"]["succeeded"] == 6
+    assert result.finished_task_count == 6 and result.rollouts_by_status["succeeded"] == 6
     again = await store.get_rollout(dead.rollout_id)
     assert again.status is RolloutStatus.SUCCEEDED and again.num_attempts == 2
     assert again.attempt is not None and again.attempt.worker_id == "live"
@@ -75,14 +75,14 @@ async def test_carried_straggler_keeps_running_on_the_runner_and_joins_next_batc
         await coord.submit_batch("s1", [{"reward": 1.0}, {"reward": 0.0}, {"reward": 1.0, "slow": True}],
                                  min_wait_num=2)
         first = await coord.finalize_train_batch("s1")
-        assert first["finished_task_count"] == 2 and first["carried_out_task_count"] == 1
+        assert first.finished_task_count == 2 and first.carried_out_task_count == 1
         assert (await store.get_rollout("s1:2:0")).status is RolloutStatus.RUNNING
         await coord.submit_batch("s2", [{"reward": 0.5}])
         agent.gate.set()
         second = await coord.finalize_train_batch("s2")
-    assert second["carried_in_task_count"] == 1 and agent.cancelled == []
+    assert second.carried_in_task_count == 1 and agent.cancelled == []
     out = await coord.process_experiences("s2")
-    rows = {e.rollout_id: e for e in read_experiences(out["path"])}
+    rows = {e.rollout_id: e for e in read_experiences(out.path)}
     assert rows["s1:2:0"].staleness == 1 and rows["s1:2:0"].reward == 1.0 and rows["s2:0:0"].staleness == 0
 
 
@@ -97,6 +97,6 @@ async def test_cancel_policy_stops_the_straggling_agent_through_the_store(store:
         async with asyncio.timeout(30):
             while not agent.cancelled:  # the runner hears of the cancel on its next heartbeat
                 await asyncio.sleep(0.05)
-    assert result["rollouts_by_status"] == {"succeeded": 1, "failed": 0, "cancelled": 1}
+    assert result.rollouts_by_status == {"succeeded": 1, "failed": 0, "cancelled": 1}
     assert agent.cancelled == ["s1:1:0"]
     assert (await store.get_rollout("s1:1:0")).status is RolloutStatus.CANCELLED

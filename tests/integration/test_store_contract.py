@@ -211,6 +211,26 @@ async def test_steps_are_ordered_and_paged(case) -> None:  # type: ignore[no-unt
     assert all(st.attempt_id == r.attempt.attempt_id for st in steps)
 
 
+async def test_steps_of_many_rollouts_in_one_paged_query(case) -> None:  # type: ignore[no-untyped-def]
+    s = case.store
+    await s.enqueue_many([RolloutSpec(rollout_id=f"b:{i}", input=i) for i in range(3)])
+    for r in await s.claim("w1", max_n=3):
+        steps = [StepIn(kind="llm", payload={"r": r.rollout_id, "i": j}) for j in range(3)]
+        await s.add_steps(r.attempt.attempt_id, steps)
+    wanted = ["b:2", "b:0", "never-enqueued"]
+    page = await s.query_steps_many(wanted, limit=4)  # a page ends inside b:2's steps
+    rest = await s.query_steps_many(wanted, cursor=page.next_cursor, limit=4)
+    steps = page.items + rest.items
+    assert [(st.rollout_id, st.sequence) for st in steps] == [
+        ("b:0", 1), ("b:0", 2), ("b:0", 3), ("b:2", 1), ("b:2", 2), ("b:2", 3)]
+    assert all(st.payload["r"] == st.rollout_id for st in steps) and rest.next_cursor is None
+    assert (await s.query_steps_many([])).items == []
+    with pytest.raises(InvalidInput, match="at most 1000 rollout ids"):
+        await s.query_steps_many([f"b:{i}" for i in range(1001)])
+    with pytest.raises(InvalidInput, match="cursor"):
+        await s.query_steps_many(wanted, cursor="nonsense")
+
+
 async def test_workers_registry_and_offline_detection(case) -> None:  # type: ignore[no-untyped-def]
     s = case.store
     await s.register_worker("w1", {"host": "a"}, lease_s=10)

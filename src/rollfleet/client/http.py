@@ -234,6 +234,14 @@ class HttpStore:
         return _decode(Page[Step], await self._call("GET", f"/rollouts/{rollout_id}/steps", params=params,
                                                     retry=True))
 
+    async def query_steps_many(self, rollout_ids: Sequence[str], cursor: str | None = None,
+                               limit: int = 500) -> Page[Step]:
+        """Return a page of the steps of up to 1,000 rollouts, by rollout id then sequence."""
+        body = {"rollout_ids": list(rollout_ids), "cursor": cursor, "limit": limit}
+        answer = await self._call("POST", "/rollouts/steps", body, retry=True)
+        page: Page[Step] = _decode(Page[Step], answer)
+        return page
+
     async def add_resources(self, values: dict[str, Any], resources_id: str | None = None) -> Resources:
         """Store a new version of the resources agents use (id chosen here: safe to retry)."""
         body = {"values": values, "resources_id": resources_id or new_id("res")}

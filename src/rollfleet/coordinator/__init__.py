@@ -1,13 +1,38 @@
-"""rollfleet.coordinator: submit, finalize and abort training/eval batches; experiences for trainers."""
+"""rollfleet.coordinator: submit, finalize and abort train/eval batches; experiences to train on."""
 
 from __future__ import annotations
 
+from rollfleet.coordinator.actor import get_actor
 from rollfleet.coordinator.client import CoordinatorClient
 from rollfleet.coordinator.coordinator import AbortHook, RolloutCoordinator
-from rollfleet.coordinator.experiences import Experience, grpo_advantages, read_experiences
-from rollfleet.coordinator.state import BatchLifecycleState, BatchState, StragglerPolicy
+from rollfleet.coordinator.experiences import (
+    Experience,
+    ExperienceStats,
+    grpo_advantages,
+    read_experiences,
+)
+from rollfleet.coordinator.state import (
+    AbortResult,
+    BatchInfo,
+    BatchLifecycleState,
+    BatchState,
+    FinalizeResult,
+    StragglerPolicy,
+)
 
 __all__ = [
-    "AbortHook", "BatchLifecycleState", "BatchState", "CoordinatorClient", "Experience", "RolloutCoordinator", "StragglerPolicy",
-    "grpo_advantages", "read_experiences",
+    "AbortHook",
+    "AbortResult",
+    "BatchInfo",
+    "BatchLifecycleState",
+    "BatchState",
+    "CoordinatorClient",
+    "Experience",
+    "ExperienceStats",
+    "FinalizeResult",
+    "RolloutCoordinator",
+    "StragglerPolicy",
+    "get_actor",
+    "grpo_advantages",
+    "read_experiences",
 ]

@@ -1,8 +1,10 @@
-"""``rollfleet batches …``: submit, finalize, abort, list batches and write experiences from the shell.
+"""``rollfleet batches …``: submit, finalize, abort and list batches, write experiences.
 
 With an ``http(s)://`` store the commands talk to the server's coordinator (``/batches``); with a
 ``sqlite:///`` or ``postgresql://`` URL they run a coordinator in this process on that store.
 """
+
+# ruff: noqa: B008  (typer declares options as calls in defaults, as in src/rollfleet/cli/)
 
 from __future__ import annotations
 
@@ -10,22 +12,30 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import typer
+from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
 from rollfleet.coordinator.client import CoordinatorClient
 from rollfleet.coordinator.coordinator import RolloutCoordinator
-from rollfleet.coordinator.state import StragglerPolicy
+from rollfleet.coordinator.state import BatchInfo, BatchType, StragglerPolicy
 
-batches_app = typer.Typer(name="batches", help="Train/eval batches: submit, finalize, abort, experiences.",
-                          no_args_is_help=True)
+batches_app = typer.Typer(
+    name="batches",
+    help="Train/eval batches: submit, finalize, abort, experiences.",
+    no_args_is_help=True,
+)
 console = Console()
-StoreOpt = typer.Option(None, "--store", help="store URL (default: ROLLFLEET_STORE, else the embedded store)")
-TokenOpt = typer.Option(None, "--token", help="bearer token for an http(s) store (default: ROLLFLEET_TOKEN)")
-Api = Any  # a RolloutCoordinator or a CoordinatorClient: the same async methods
+StoreOpt = typer.Option(
+    None, "--store", help="store URL (default: ROLLFLEET_STORE, else the embedded store)"
+)
+TokenOpt = typer.Option(
+    None, "--token", help="bearer token for an http(s) store (default: ROLLFLEET_TOKEN)"
+)
+Api = RolloutCoordinator | CoordinatorClient  # the same async methods, answering the same records
 
 
 def _open(url: str | None, token: str | None) -> tuple[Api, Callable[[], Awaitable[None]]]:
@@ -52,7 +62,8 @@ def _run(url: str | None, token: str | None, fn: Callable[[Api], Awaitable[Any]]
     return asyncio.run(go())
 
 
-def _show(result: dict[str, Any]) -> None:
+def _show(record: BaseModel) -> None:
+    result = record.model_dump(mode="json")
     metrics = result.get("metrics", {})
     head = {k: v for k, v in result.items() if k != "metrics"}
     console.print_json(json.dumps(head, default=str))
@@ -69,10 +80,13 @@ def submit(
     batch_id: str = typer.Option(..., "--batch", help="the batch id (never reused)"),
     batch_type: str = typer.Option("train", "--type", help="train or eval"),
     repeat: int = typer.Option(1, "--repeat", help="rollouts per task (a GRPO group)"),
-    min_wait: int = typer.Option(None, "--min-wait", help="tasks finalize waits for before the grace period"),
+    min_wait: int = typer.Option(
+        None, "--min-wait", help="tasks finalize waits for before the grace period"
+    ),
     policy: StragglerPolicy = typer.Option(None, "--policy", help="cancel, carry_over or wait"),
     mode: str = typer.Option(None, "--mode", help="mode for tasks that do not name one"),
-    store: str = StoreOpt, token: str = TokenOpt,
+    store: str = StoreOpt,
+    token: str = TokenOpt,
 ) -> None:
     """Submit every task of a file as one batch."""
     from rollfleet.taskfile import read_specs
@@ -80,9 +94,10 @@ def submit(
     specs = read_specs(file, mode)
     if batch_type not in ("train", "eval"):
         raise typer.BadParameter("--type must be train or eval")
+    kind = cast(BatchType, batch_type)
 
     async def go(api: Api) -> Any:
-        return await api.submit_batch(batch_id, specs, batch_type, min_wait, repeat, policy=policy)
+        return await api.submit_batch(batch_id, specs, kind, min_wait, repeat, policy=policy)
 
     _run(store, token, go)
     console.print(f"[green]submitted batch {batch_id}[/]: {len(specs)} tasks × {repeat}")
@@ -92,16 +107,21 @@ def submit(
 def finalize(
     batch_id: str = typer.Argument(...),
     timeout: float = typer.Option(None, "--timeout", help="stop waiting after this many seconds"),
-    wait_after_min: float = typer.Option(None, "--wait-after-min", help="grace seconds after min_wait_num"),
+    wait_after_min: float = typer.Option(
+        None, "--wait-after-min", help="grace seconds after min_wait_num"
+    ),
     eval_batch: bool = typer.Option(False, "--eval", help="the batch is an eval batch"),
-    store: str = StoreOpt, token: str = TokenOpt,
+    store: str = StoreOpt,
+    token: str = TokenOpt,
 ) -> None:
     """Wait for a batch, apply its straggler policy and print its metrics."""
 
     async def go(api: Api) -> Any:
         if eval_batch:
             return await api.finalize_eval_batch(batch_id, timeout=timeout)
-        return await api.finalize_train_batch(batch_id, timeout=timeout, wait_after_min=wait_after_min)
+        return await api.finalize_train_batch(
+            batch_id, timeout=timeout, wait_after_min=wait_after_min
+        )
 
     _show(_run(store, token, go))
 
@@ -111,7 +131,8 @@ def abort(
     batch_id: str = typer.Argument(...),
     reason: str = typer.Option(..., "--reason"),
     keep_partial: bool = typer.Option(False, "--keep-partial", help="keep the finished results"),
-    store: str = StoreOpt, token: str = TokenOpt,
+    store: str = StoreOpt,
+    token: str = TokenOpt,
 ) -> None:
     """Cancel a batch's queued and running rollouts."""
 
@@ -122,7 +143,9 @@ def abort(
 
 
 @batches_app.command("experiences")
-def experiences(batch_id: str = typer.Argument(...), store: str = StoreOpt, token: str = TokenOpt) -> None:
+def experiences(
+    batch_id: str = typer.Argument(...), store: str = StoreOpt, token: str = TokenOpt
+) -> None:
     """Write a finalized batch's experiences as Parquet and print their figures."""
 
     async def go(api: Api) -> Any:
@@ -135,17 +158,21 @@ def experiences(batch_id: str = typer.Argument(...), store: str = StoreOpt, toke
 def list_batches(store: str = StoreOpt, token: str = TokenOpt) -> None:
     """Every batch with its state and task counts."""
 
-    async def go(api: Api) -> list[dict[str, Any]]:
-        found = await api.list_batches()
-        if isinstance(api, RolloutCoordinator):  # the server refreshes its own; here read the statuses now
-            found = [(await api.refresh(b.batch_id)).model_dump(mode="json") for b in found]
-        return list(found)
+    async def go(api: Api) -> list[BatchInfo]:
+        return await api.list_batches()
 
     table = Table("batch", "type", "state", "policy", "tasks", "completed", "finished")
     for b in _run(store, token, go):
-        done = (b.get("final_result") or {}).get("finished_task_count", "-")
-        table.add_row(b["batch_id"], b["batch_type"], b["state"], b["policy"], str(b["expected_task_count"]),
-                      str(b["completed_task_count"]), str(done))
+        done = "-" if b.final_result is None else b.final_result.finished_task_count
+        table.add_row(
+            b.batch_id,
+            b.batch_type,
+            b.state.value,
+            b.policy.value,
+            str(b.expected_task_count),
+            str(b.completed_task_count),
+            str(done),
+        )
     console.print(table)
 
 

@@ -10,6 +10,9 @@ The names and semantics follow Trinity-RFT's coordinator. What differs, on purpo
   rollouts are read again and every terminal one is counted.
 - A rollout whose runner died at dispatch is requeued by the store's leases; finalize runs the
   reaper while it waits so such a rollout never stalls the batch.
+
+A batch's state changes only through ``state.move_batch`` (its transition table); callers get
+frozen records (``BatchInfo``, ``FinalizeResult``, ``AbortResult``, ``ExperienceStats``).
 """
 
 from __future__ import annotations
@@ -23,25 +26,29 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rollfleet.coordinator import experiences as xp
-from rollfleet.coordinator import metrics as m
+from rollfleet.coordinator.aggregate import batch_result, fetch_rollouts, write_batch_experiences
+from rollfleet.coordinator.experiences import ExperienceStats
 from rollfleet.coordinator.state import (
     STATE_PREFIX,
+    AbortResult,
+    BatchInfo,
     BatchLifecycleState,
     BatchState,
     BatchType,
     Carried,
+    FinalizeResult,
     StragglerPolicy,
+    check_batch_transition,
     check_submit,
+    move_batch,
     rollout_specs,
 )
 from rollfleet.errors import Conflict, InvalidInput, NotFound
 from rollfleet.model import ACTIVE_ROLLOUT, Rollout, RolloutConfig, RolloutStatus, now
-from rollfleet.store.base import Store, read_all
+from rollfleet.store.base import Store
 
 log = logging.getLogger("rollfleet.coordinator")
 AbortHook = Callable[[str], Awaitable[None]]
-FETCH_CHUNK = 500
 MAX_WAIT_SLICE_S = 60.0  # one long-poll at most this long (the HTTP store caps a wait at 300 s)
 S = BatchLifecycleState
 
@@ -50,9 +57,16 @@ class RolloutCoordinator:
     """Own batch state in the store and expose batch-level submit/finalize/abort APIs."""
 
     def __init__(
-        self, store: Store | str, *, experience_dir: str | Path | None = None, abort_hook: AbortHook | None = None,
-        default_policy: StragglerPolicy | str = StragglerPolicy.CARRY_OVER, wait_after_min: float = 0.0,
-        poll_interval_s: float = 0.2, reap_interval_s: float | None = 1.0, collect_tokens: bool = True,
+        self,
+        store: Store | str,
+        *,
+        experience_dir: str | Path | None = None,
+        abort_hook: AbortHook | None = None,
+        default_policy: StragglerPolicy | str = StragglerPolicy.CARRY_OVER,
+        wait_after_min: float = 0.0,
+        poll_interval_s: float = 0.2,
+        reap_interval_s: float | None = 1.0,
+        collect_tokens: bool = True,
     ) -> None:
         self._store_arg = store
         self.store: Store | None = None if isinstance(store, str) else store
@@ -74,7 +88,7 @@ class RolloutCoordinator:
     # --- lifecycle ------------------------------------------------------------------------------
 
     async def prepare(self) -> None:
-        """Open the store if given a URL and load every persisted batch (resuming unfinished ones)."""
+        """Open the store if given a URL and load every persisted batch (resuming unfinished)."""
         if self._prepared:
             return
         if self.store is None:
@@ -93,8 +107,12 @@ class RolloutCoordinator:
             self._pool = list(latest.carry_pool)
         active = [b.batch_id for b in self._batches.values() if not b.state.done]
         self._prepared = True
-        log.info("coordinator ready: %d batches (%d active), %d straggler groups carried",
-                 len(self._batches), len(active), len(self._pool))
+        log.info(
+            "coordinator ready: %d batches (%d active), %d straggler groups carried",
+            len(self._batches),
+            len(active),
+            len(self._pool),
+        )
 
     async def shutdown(self) -> None:
         """Release what the coordinator owns (the store when it opened it from a URL)."""
@@ -110,19 +128,11 @@ class RolloutCoordinator:
             raise Conflict("coordinator: call prepare() first")
         return self.store
 
-    @classmethod
-    def get_actor(cls, store_url: str, **options: Any) -> Any:
-        """A named Ray actor running a coordinator on ``store_url`` (created once, then reused)."""
-        from rollfleet.coordinator.actor import get_actor
-
-        return get_actor(store_url, **options)
-
     # --- batches --------------------------------------------------------------------------------
 
-    async def get_batch(self, batch_id: str) -> BatchState:
-        """The state of one batch, or NotFound."""
+    async def _batch(self, batch_id: str) -> BatchState:
+        """The live record of one batch, or NotFound."""
         await self.prepare()
-        batch_id = str(batch_id)
         if batch_id not in self._batches:
             value = await self._s.get_state(STATE_PREFIX + batch_id)
             if not value:
@@ -130,37 +140,65 @@ class RolloutCoordinator:
             self._batches[batch_id] = BatchState.from_json(value)
         return self._batches[batch_id]
 
-    async def refresh(self, batch_id: str | int) -> BatchState:
-        """The batch with its rollouts' statuses read from the store now (for status views)."""
-        batch = await self.get_batch(str(batch_id))
+    async def _refresh(self, batch: BatchState) -> BatchState:
+        """Read the statuses of an unfinished batch's rollouts from the store now."""
         if not batch.state.done:
-            batch.statuses.update({r.rollout_id: r.status for r in await self._fetch(batch.rollout_ids)})
+            found = await fetch_rollouts(self._s, batch.rollout_ids)
+            batch.statuses.update({r.rollout_id: r.status for r in found})
         return batch
 
-    async def list_batches(self) -> list[BatchState]:
-        """Every batch this coordinator knows, oldest first."""
+    async def get_batch(self, batch_id: str | int) -> BatchInfo:
+        """One batch, its rollouts counted by status as they are now; NotFound if unknown."""
+        return (await self._refresh(await self._batch(str(batch_id)))).info()
+
+    async def get_batch_state(self, batch_id: str | int) -> BatchState:
+        """A copy of one batch's whole persisted record (statuses, ``included``, carry pool)."""
+        return (await self._batch(str(batch_id))).model_copy(deep=True)
+
+    async def list_batches(self, *, refresh: bool = True) -> list[BatchInfo]:
+        """Every batch known, oldest first; ``refresh=False`` skips reading statuses now."""
         await self.prepare()
-        return sorted(self._batches.values(), key=lambda b: b.created_at)
+        found = sorted(self._batches.values(), key=lambda b: b.created_at)
+        return [(await self._refresh(b) if refresh else b).info() for b in found]
 
     async def _save(self, batch: BatchState) -> None:
         await self._s.put_state(STATE_PREFIX + batch.batch_id, batch.to_json())
 
     async def submit_batch(
-        self, batch_id: str | int, tasks: Sequence[Any], batch_type: BatchType = "train",
-        min_wait_num: int | None = None, repeat_times: int = 1, *, policy: StragglerPolicy | str | None = None,
-        mode: str | None = None, config: RolloutConfig | None = None, priority: int = 0,
-    ) -> BatchState:
-        """Enqueue every task × repeat_times as rollouts of this batch (a group per task); returns at once."""
+        self,
+        batch_id: str | int,
+        tasks: Sequence[Any],
+        batch_type: BatchType = "train",
+        min_wait_num: int | None = None,
+        repeat_times: int = 1,
+        *,
+        policy: StragglerPolicy | str | None = None,
+        mode: str | None = None,
+        config: RolloutConfig | None = None,
+        priority: int = 0,
+    ) -> BatchInfo:
+        """Enqueue every task × repeat_times as rollouts (a group per task); returns at once."""
         await self.prepare()
         batch_id = str(batch_id)
-        chosen = check_submit(batch_id, tasks, batch_type, min_wait_num, repeat_times, policy, self.default_policy)
+        chosen = check_submit(
+            batch_id, tasks, batch_type, min_wait_num, repeat_times, policy, self.default_policy
+        )
         with contextlib.suppress(NotFound):
-            old = await self.get_batch(batch_id)
-            raise Conflict(f"batch {batch_id} exists already ({old.state.value}); batch ids are never reused")
+            old = await self._batch(batch_id)
+            raise Conflict(
+                f"batch {batch_id} exists already ({old.state.value}); batch ids are never reused"
+            )
         if batch_id in self._batches:  # submitted concurrently while we looked it up
             raise Conflict(f"batch {batch_id} exists already; batch ids are never reused")
-        batch = BatchState(batch_id=batch_id, batch_type=batch_type, expected_task_count=len(tasks),
-                           min_wait_num=min_wait_num, policy=chosen, repeat_times=repeat_times, created_at=now())
+        batch = BatchState(
+            batch_id=batch_id,
+            batch_type=batch_type,
+            expected_task_count=len(tasks),
+            min_wait_num=min_wait_num,
+            policy=chosen,
+            repeat_times=repeat_times,
+            created_at=now(),
+        )
         self._batches[batch_id] = batch  # reserved: a concurrent submit of the same id is refused
         try:
             resources = await self._s.get_latest_resources()
@@ -170,40 +208,56 @@ class RolloutCoordinator:
             del self._batches[batch_id]
             raise
         batch.statuses = {rid: RolloutStatus.QUEUING for rid in batch.rollout_ids}
-        batch.state = S.RUNNING
+        move_batch(batch, S.RUNNING)
         await self._save(batch)
-        log.info("batch %s submitted: %s, %d tasks × %d, min_wait_num=%s, policy=%s", batch_id, batch_type,
-                 len(tasks), repeat_times, min_wait_num, chosen.value)
-        return batch
+        log.info(
+            "batch %s submitted: %s, %d tasks × %d, min_wait_num=%s, policy=%s",
+            batch_id, batch_type, len(tasks), repeat_times, min_wait_num, chosen.value,
+        )  # fmt: skip
+        return batch.info()
 
     # --- finalize -------------------------------------------------------------------------------
 
-    async def finalize_train_batch(self, batch_id: str | int, *, timeout: float | None = None,
-                                   wait_after_min: float | None = None) -> dict[str, Any]:
-        """Wait (all, or min_wait_num plus a grace period, or the timeout), apply the policy, aggregate."""
+    async def finalize_train_batch(
+        self,
+        batch_id: str | int,
+        *,
+        timeout: float | None = None,
+        wait_after_min: float | None = None,
+    ) -> FinalizeResult:
+        """Wait (all, min_wait_num plus a grace period, or the timeout), apply policy, aggregate."""
         return await self._finalize(str(batch_id), "train", timeout, wait_after_min)
 
-    async def finalize_eval_batch(self, batch_id: str | int, *, timeout: float | None = None) -> dict[str, Any]:
-        """Wait for the eval batch (or the timeout) and return mean@n, std@n, best@k, worst@k, pass@k."""
+    async def finalize_eval_batch(
+        self, batch_id: str | int, *, timeout: float | None = None
+    ) -> FinalizeResult:
+        """Wait for the eval batch (or the timeout); mean@n, std@n, best@k, worst@k, pass@k."""
         return await self._finalize(str(batch_id), "eval", timeout, None)
 
-    async def finalize_batch(self, batch_id: str | int, *, timeout: float | None = None,
-                             wait_after_min: float | None = None) -> dict[str, Any]:
+    async def finalize_batch(
+        self,
+        batch_id: str | int,
+        *,
+        timeout: float | None = None,
+        wait_after_min: float | None = None,
+    ) -> FinalizeResult:
         """Finalize a batch of either type."""
-        batch = await self.get_batch(str(batch_id))
+        batch = await self._batch(str(batch_id))
         return await self._finalize(batch.batch_id, batch.batch_type, timeout, wait_after_min)
 
-    async def _finalize(self, batch_id: str, kind: BatchType, timeout: float | None,
-                        wait_after_min: float | None) -> dict[str, Any]:
-        batch = await self.get_batch(batch_id)
+    async def _finalize(
+        self, batch_id: str, kind: BatchType, timeout: float | None, wait_after_min: float | None
+    ) -> FinalizeResult:
+        batch = await self._batch(batch_id)
         if batch.batch_type != kind:
-            raise InvalidInput(f"batch {batch_id} is a {batch.batch_type} batch: use finalize_{batch.batch_type}_batch")
+            use = f"finalize_{batch.batch_type}_batch"
+            raise InvalidInput(f"batch {batch_id} is a {batch.batch_type} batch: use {use}")
         async with self._locks.setdefault(batch_id, asyncio.Lock()):
             if batch.state is S.FINALIZED and batch.final_result is not None:
                 return batch.final_result
-            _refuse_aborted(batch)
-            batch.state = S.FINALIZING
-            await self._save(batch)
+            if batch.state is not S.FINALIZING:  # FINALIZING: a finalize cut short, resumed here
+                move_batch(batch, S.FINALIZING)  # an aborted (or finalized) batch is refused
+                await self._save(batch)
             grace = self.wait_after_min if wait_after_min is None else wait_after_min
             await self._wait(batch, timeout, grace)
             stragglers = [g for g, ids in batch.groups().items() if not batch.task_done(ids)]
@@ -217,11 +271,12 @@ class RolloutCoordinator:
         """Wait for every rollout, or min_wait_num tasks plus ``grace`` seconds, or the timeout."""
         start = time.monotonic()
         deadline = None if timeout is None else start + timeout
-        target = batch.expected_task_count if batch.policy is StragglerPolicy.WAIT else batch.wait_target
+        wait_all = batch.policy is StragglerPolicy.WAIT
+        target = batch.expected_task_count if wait_all else batch.wait_target
         grace_end: float | None = None
         last_reap = start
         while True:
-            _refuse_aborted(batch)
+            check_batch_transition(batch, S.FINALIZED)  # abort_batch stops a finalize that waits
             pending = [r for r in batch.rollout_ids if not batch.statuses[r].terminal]
             clock = time.monotonic()
             if not pending or (deadline is not None and clock >= deadline):
@@ -231,39 +286,33 @@ class RolloutCoordinator:
             if grace_end is not None and clock >= grace_end:
                 return
             stops = [t - clock for t in (deadline, grace_end) if t is not None]
-            # past min_wait_num: one long-poll to the stop; before: short slices to notice the count rise
+            # past min_wait_num: one long-poll to the stop; before: short slices to see the count
             wait = min(stops) if grace_end is not None else min([self.poll_interval_s, *stops])
             if self.reap_interval_s is not None and clock - last_reap >= self.reap_interval_s:
-                await self._s.reap()  # a runner that died at dispatch: its lease lapses, the rollout is requeued
+                await self._s.reap()  # a runner dead at dispatch: its lease lapses, it is requeued
                 last_reap = clock
-            found = await self._s.wait_for_rollouts(pending, timeout=min(MAX_WAIT_SLICE_S, max(0.0, wait)))
+            slice_s = min(MAX_WAIT_SLICE_S, max(0.0, wait))
+            found = await self._s.wait_for_rollouts(pending, timeout=slice_s)
             batch.statuses.update({r.rollout_id: r.status for r in found})
 
     async def _cancel(self, rollout_ids: list[str], batch: BatchState) -> None:
-        """Cancel the non-terminal rollouts (running ones through the abort hook too), then re-read them."""
-        live = [r for r in await self._fetch(rollout_ids) if not r.terminal]
+        """Cancel the non-terminal rollouts (running ones through the abort hook too), re-read."""
+        live = [r for r in await fetch_rollouts(self._s, rollout_ids) if not r.terminal]
         await asyncio.gather(*(self._cancel_one(r) for r in live))
-        batch.statuses.update({r.rollout_id: r.status for r in await self._fetch(rollout_ids)})
+        found = await fetch_rollouts(self._s, rollout_ids)
+        batch.statuses.update({r.rollout_id: r.status for r in found})
 
     async def _cancel_one(self, rollout: Rollout) -> None:
-        with contextlib.suppress(Conflict):  # it finished meanwhile: its result is kept by the caller
+        with contextlib.suppress(Conflict):  # it finished meanwhile: the caller keeps its result
             await self._s.cancel(rollout.rollout_id)
         if rollout.status in ACTIVE_ROLLOUT and self.abort_hook is not None:
             try:
                 await self.abort_hook(rollout.rollout_id)
-            except Exception as exc:  # the store has cancelled it; the runner stops at its next heartbeat
+            except Exception as exc:  # cancelled in the store: the runner stops at its heartbeat
                 log.warning("abort hook failed for %s: %s", rollout.rollout_id, exc)
 
-    async def _fetch(self, rollout_ids: Sequence[str]) -> list[Rollout]:
-        """Read rollouts in bulk, as they are now."""
-        out: list[Rollout] = []
-        ids = list(rollout_ids)
-        for i in range(0, len(ids), FETCH_CHUNK):
-            out.extend(await self._s.wait_for_rollouts(ids[i:i + FETCH_CHUNK], timeout=0.0))
-        return out
-
-    async def _commit(self, batch: BatchState, stragglers: list[str]) -> dict[str, Any]:
-        """Take the finished groups (and carried ones now finished), aggregate, persist FINALIZED atomically."""
+    async def _commit(self, batch: BatchState, stragglers: list[str]) -> FinalizeResult:
+        """Take the finished groups (and carried ones now done), aggregate, persist FINALIZED."""
         groups = batch.groups()
         included = {r: 0 for g, ids in groups.items() if g not in stragglers for r in ids}
         index = self._finalize_count if batch.batch_type == "train" else None
@@ -271,124 +320,94 @@ class RolloutCoordinator:
         ready, still = await self._split_pool(pool)
         for c in ready:
             included.update({r: (index or 0) - c.origin_index for r in c.rollout_ids})
-        rollouts = await self._fetch(list(included))
-        carried = [Carried(group_id=g, rollout_ids=groups[g], origin_batch_id=batch.batch_id,
-                           origin_index=index or 0) for g in stragglers]
-        result = await self._result(batch, rollouts, included, carried_in=len(ready), carried_out=len(carried))
-        _refuse_aborted(batch)  # abort_batch may have run while we read
-        batch.statuses.update({r.rollout_id: r.status for r in rollouts if r.rollout_id in batch.statuses})
+        rollouts = await fetch_rollouts(self._s, list(included))
+        carried = [
+            Carried(group_id=g, rollout_ids=groups[g], origin_batch_id=batch.batch_id,
+                    origin_index=index or 0)
+            for g in stragglers
+        ]  # fmt: skip
+        result = await batch_result(
+            self._s, batch, rollouts, included, carried_in=len(ready),
+            carried_out=len(carried), collect_tokens=self.collect_tokens,
+        )  # fmt: skip
+        move_batch(batch, S.FINALIZED)  # refused if abort_batch ran while we read
+        mine = {r.rollout_id: r.status for r in rollouts if r.rollout_id in batch.statuses}
+        batch.statuses.update(mine)
         batch.included, batch.final_result, batch.finished_at = included, result, now()
         batch.carried_out = stragglers
         if index is not None:
             batch.finalize_index, batch.carry_pool = index, [*still, *carried]
-        batch.state = S.FINALIZED
-        await self._save(batch)  # the one write that commits the result and the new carry pool together
+        await self._save(batch)  # the one write that commits the result and the new carry pool
         if index is not None:
             self._finalize_count, self._pool = index + 1, batch.carry_pool
-        log.info("batch %s finalized: %d/%d tasks, %d carried in, %d carried out", batch.batch_id,
-                 result["finished_task_count"], batch.expected_task_count, len(ready), len(carried))
+        log.info(
+            "batch %s finalized: %d/%d tasks, %d carried in, %d carried out", batch.batch_id,
+            result.finished_task_count, batch.expected_task_count, len(ready), len(carried),
+        )  # fmt: skip
         return result
 
     async def _split_pool(self, pool: list[Carried]) -> tuple[list[Carried], list[Carried]]:
         """Carried groups now wholly terminal, and those still running."""
         if not pool:
             return [], []
-        status = {r.rollout_id: r.status for r in await self._fetch([r for c in pool for r in c.rollout_ids])}
-        ready = [c for c in pool if all(status.get(r, RolloutStatus.CANCELLED).terminal for r in c.rollout_ids)]
-        return ready, [c for c in pool if c not in ready]
+        found = await fetch_rollouts(self._s, [r for c in pool for r in c.rollout_ids])
+        status = {r.rollout_id: r.status for r in found}
 
-    async def _result(self, batch: BatchState, rollouts: list[Rollout], included: dict[str, int],
-                      carried_in: int, carried_out: int) -> dict[str, Any]:
-        own = [r for r in rollouts if r.batch_id == batch.batch_id]
-        cancelled = {r.group_id for r in own if r.status is RolloutStatus.CANCELLED}
-        finished_tasks = len({r.group_id for r in own} - cancelled)
-        metrics = {**await self._rollout_metrics(rollouts)}
-        stale = [included[r.rollout_id] for r in rollouts]
-        if stale:
-            metrics.update(m.summary(stale, "staleness"))
-        if batch.batch_type == "eval":
-            by_group: dict[str, list[float]] = {}
-            for r in own:
-                if r.status is RolloutStatus.SUCCEEDED and r.result and r.result.reward is not None:
-                    by_group.setdefault(r.group_id or r.rollout_id, []).append(r.result.reward)
-            metrics.update(m.eval_metrics(by_group))
-        counts = {s.value: sum(r.status is s for r in rollouts) for s in RolloutStatus if s.terminal}
-        return {
-            "batch_id": batch.batch_id, "batch_type": batch.batch_type, "finished_task_count": finished_tasks,
-            "expected_task_count": batch.expected_task_count, "policy": batch.policy.value,
-            "rollout_count": len(rollouts), "rollouts_by_status": counts, "carried_in_task_count": carried_in,
-            "carried_out_task_count": carried_out, "metrics": metrics,
-        }
+        def done(c: Carried) -> bool:
+            return all(status.get(r, RolloutStatus.CANCELLED).terminal for r in c.rollout_ids)
 
-    async def _rollout_metrics(self, rollouts: list[Rollout]) -> dict[str, float]:
-        done = [r for r in rollouts if r.status is RolloutStatus.SUCCEEDED and r.result is not None]
-        out = m.reward_stats(r.result.reward for r in done if r.result is not None)
-        out.update(m.metric_aggregates(r.result.metrics for r in done if r.result is not None))
-        out.update(m.latency_stats((r.finished_at or r.updated_at) - r.created_at for r in done))
-        if self.collect_tokens:
-            prompts, completions = [], []
-            for r in done:
-                seqs = xp.sequences_from_steps(await self._steps(r.rollout_id))
-                if seqs:
-                    prompts.append(sum(s.prompt_length for s in seqs))
-                    completions.append(sum(s.completion_tokens for s in seqs))
-            out.update(m.token_stats(prompts, completions))
-        return out
-
-    async def _steps(self, rollout_id: str) -> list[Any]:
-        return await read_all(lambda cursor: self._s.query_steps(rollout_id, cursor=cursor))
+        return [c for c in pool if done(c)], [c for c in pool if not done(c)]
 
     # --- abort ----------------------------------------------------------------------------------
 
-    async def abort_batch(self, batch_id: str | int, *, reason: str,
-                          keep_partial_results: bool = False) -> dict[str, Any]:
+    async def abort_batch(
+        self, batch_id: str | int, *, reason: str, keep_partial_results: bool = False
+    ) -> AbortResult:
         """Cancel the batch's queued and running rollouts; keep its finished results if asked."""
-        batch = await self.get_batch(str(batch_id))
-        if batch.state is S.ABORTED and batch.final_result is not None:
+        batch = await self._batch(str(batch_id))
+        if isinstance(batch.final_result, AbortResult):
             return batch.final_result
-        if batch.state is S.FINALIZED:
-            raise Conflict(f"batch {batch.batch_id} is finalized already: it cannot be aborted")
-        batch.state, batch.reason = S.ABORTED, reason  # a finalize under way sees this and stops
+        if batch.state is not S.ABORTED:  # ABORTED with no result: an abort cut short, resumed
+            move_batch(batch, S.ABORTED)  # a finalize under way sees this and stops
+        batch.reason = reason
         await self._save(batch)
         await self._cancel(batch.rollout_ids, batch)
-        kept = [r for r in await self._fetch(batch.rollout_ids) if r.status is RolloutStatus.SUCCEEDED]
-        batch.included = {r.rollout_id: 0 for r in kept} if keep_partial_results else {}
-        result = await self._result(batch, kept if keep_partial_results else [], batch.included, 0, 0)
-        batch.final_result = {**result, "aborted": True, "reason": reason}
-        batch.finished_at = now()
+        found = await fetch_rollouts(self._s, batch.rollout_ids)
+        kept = [r for r in found if r.status is RolloutStatus.SUCCEEDED]
+        used = kept if keep_partial_results else []
+        batch.included = {r.rollout_id: 0 for r in used}
+        result = await batch_result(
+            self._s, batch, used, batch.included, collect_tokens=self.collect_tokens
+        )
+        aborted = AbortResult(**dict(result), reason=reason)
+        batch.final_result, batch.finished_at = aborted, now()
         await self._save(batch)
-        log.info("batch %s aborted (%s): %d finished results %s", batch.batch_id, reason, len(kept),
-                 "kept" if keep_partial_results else "not used")
-        return batch.final_result
+        log.info(
+            "batch %s aborted (%s): %d finished results %s", batch.batch_id, reason, len(kept),
+            "kept" if keep_partial_results else "not used",
+        )  # fmt: skip
+        return aborted
 
     # --- experiences ----------------------------------------------------------------------------
 
-    async def process_experiences(self, batch_id: str | int, *, output_dir: str | Path | None = None,
-                                  std_normalize: bool = True) -> dict[str, Any]:
-        """Turn the batch's finished trajectories into Experiences, write them as Parquet; return metrics."""
-        batch = await self.get_batch(str(batch_id))
+    async def process_experiences(
+        self,
+        batch_id: str | int,
+        *,
+        output_dir: str | Path | None = None,
+        std_normalize: bool = True,
+    ) -> ExperienceStats:
+        """Turn the batch's finished trajectories into Experiences in Parquet; return figures."""
+        batch = await self._batch(str(batch_id))
         if batch.final_result is None:
-            raise Conflict(f"batch {batch.batch_id} is {batch.state.value}: finalize it before processing experiences")
-        rollouts = [r for r in await self._fetch(list(batch.included))
-                    if r.status is RolloutStatus.SUCCEEDED and r.result is not None and r.result.reward is not None]
-        rewards = {r.rollout_id: float(r.result.reward) for r in rollouts if r.result and r.result.reward is not None}
-        advantages = xp.grpo_advantages(rewards, {r.rollout_id: r.group_id or r.rollout_id for r in rollouts},
-                                        std_normalize=std_normalize)
-        rows: list[xp.Experience] = []
-        for r in rollouts:
-            rows.extend(xp.experiences_for_rollout(r, await self._steps(r.rollout_id), rewards[r.rollout_id],
-                                     advantages[r.rollout_id], batch.batch_id, batch.included[r.rollout_id]))
-        path = xp.write_experiences(output_dir or self.experience_dir, batch.batch_id, rows)
-        out: dict[str, Any] = {"batch_id": batch.batch_id, "path": str(path), "experience_count": len(rows),
-                               "rollout_count": len(rollouts), "group_count": len({r.group_id for r in rollouts}),
-                               "experiences_without_tokens": sum(not e.tokens for e in rows)}
-        out.update(m.summary((e.advantage for e in rows), "advantage"))
-        out.update(m.summary((e.staleness for e in rows), "staleness"))
-        out.update(m.summary((sum(e.action_mask) for e in rows if e.tokens), "action_tokens"))
-        log.info("batch %s: %d experiences written to %s", batch.batch_id, len(rows), path)
-        return out
-
-
-def _refuse_aborted(batch: BatchState) -> None:
-    if batch.state is S.ABORTED:
-        raise Conflict(f"batch {batch.batch_id} was aborted ({batch.reason}): it cannot be finalized")
+            raise Conflict(
+                f"batch {batch.batch_id} is {batch.state.value}: "
+                "finalize it before processing experiences"
+            )
+        directory = output_dir or self.experience_dir
+        stats = await write_batch_experiences(self._s, batch, directory, std_normalize)
+        log.info(
+            "batch %s: %d experiences written to %s", batch.batch_id, stats.experience_count,
+            stats.path,
+        )  # fmt: skip
+        return stats

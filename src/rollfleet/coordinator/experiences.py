@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+
 from rollfleet.errors import InvalidInput, RollfleetError
-from rollfleet.model import Rollout, Step
+from rollfleet.model import Record, Rollout, Step
 
 LLM_STEP = "llm"
 GRPO_EPS = 1e-6
@@ -46,6 +48,36 @@ class Experience:
     finish_reason: str | None = None
 
 
+class ExperienceStats(Record):
+    """What processing a batch's experiences gives: where they went, counts and their figures.
+
+    In JSON the figures (``advantage/mean``, ``staleness/…``, ``action_tokens/…``) sit beside
+    the counts, not under ``metrics``.
+    """
+
+    batch_id: str
+    path: str
+    experience_count: int
+    rollout_count: int
+    group_count: int
+    experiences_without_tokens: int
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gather_figures(cls, value: Any) -> Any:
+        if isinstance(value, dict) and "metrics" not in value:
+            figures = {k: v for k, v in value.items() if "/" in k}
+            value = {k: v for k, v in value.items() if k not in figures} | {"metrics": figures}
+        return value
+
+    @model_serializer(mode="wrap")
+    def _flatten_figures(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        data.update(data.pop("metrics", {}))
+        return data
+
+
 @dataclass
 class TokenSequence:
     """A sequence being built from one or more LLM calls."""
@@ -68,7 +100,7 @@ def _ints(value: Any, what: str) -> list[int]:
 
 
 def _logprobs(value: Any, n: int) -> list[float] | None:
-    """Per-token logprobs as floats; accepts plain numbers or OpenAI-style ``{"logprob": x}`` items."""
+    """Per-token logprobs as floats, from plain numbers or OpenAI-style ``{"logprob": x}`` items."""
     if not isinstance(value, list) or len(value) != n:
         return None
     out = []
@@ -96,26 +128,41 @@ def sequences_from_steps(steps: Sequence[Step]) -> list[TokenSequence]:
             continue
         lps = _logprobs(step.payload.get("logprobs"), len(completion))
         cur = seqs[-1] if seqs else None
-        if cur is not None and prompt[: len(cur.tokens)] == cur.tokens and len(prompt) >= len(cur.tokens):
-            gap = prompt[len(cur.tokens):]
+        if (
+            cur is not None
+            and prompt[: len(cur.tokens)] == cur.tokens
+            and len(prompt) >= len(cur.tokens)
+        ):
+            gap = prompt[len(cur.tokens) :]
             cur.tokens += gap + completion
             cur.action_mask += [0] * len(gap) + [1] * len(completion)
-            cur.logprobs = None if cur.logprobs is None or lps is None else cur.logprobs + [0.0] * len(gap) + lps
+            cur.logprobs = (
+                None
+                if cur.logprobs is None or lps is None
+                else cur.logprobs + [0.0] * len(gap) + lps
+            )
             cur.completion_tokens += len(completion)
         else:
             cur = TokenSequence(
-                tokens=prompt + completion, prompt_length=len(prompt),
+                tokens=prompt + completion,
+                prompt_length=len(prompt),
                 action_mask=[0] * len(prompt) + [1] * len(completion),
                 logprobs=None if lps is None else [0.0] * len(prompt) + lps,
-                policy_version=_version(step.payload.get("weights_version")), completion_tokens=len(completion),
+                policy_version=_version(step.payload.get("weights_version")),
+                completion_tokens=len(completion),
             )
             seqs.append(cur)
         cur.finish_reason = step.payload.get("finish_reason") or cur.finish_reason
     return seqs
 
 
-def grpo_advantages(rewards: Mapping[str, float], groups: Mapping[str, str], *, eps: float = GRPO_EPS,
-                    std_normalize: bool = True) -> dict[str, float]:
+def grpo_advantages(
+    rewards: Mapping[str, float],
+    groups: Mapping[str, str],
+    *,
+    eps: float = GRPO_EPS,
+    std_normalize: bool = True,
+) -> dict[str, float]:
     """Group-normalised advantages: ``(r - mean(group)) / (std(group) + eps)``, std with n-1.
 
     ``rewards`` maps rollout id → reward, ``groups`` rollout id → group id. A group of one gives
@@ -137,17 +184,40 @@ def grpo_advantages(rewards: Mapping[str, float], groups: Mapping[str, str], *, 
     return out
 
 
-def experiences_for_rollout(rollout: Rollout, steps: Sequence[Step], reward: float, advantage: float,
-                            batch_id: str, staleness: int) -> list[Experience]:
+def experiences_for_rollout(
+    rollout: Rollout,
+    steps: Sequence[Step],
+    reward: float,
+    advantage: float,
+    batch_id: str,
+    staleness: int,
+) -> list[Experience]:
     """The Experiences of one scored rollout (one without LLM steps gives one token-less row)."""
-    base = Experience(rollout_id=rollout.rollout_id, batch_id=batch_id, group_id=rollout.group_id or "", turn=0,
-                      tokens=[], prompt_length=0, logprobs=None, action_mask=[], reward=reward,
-                      advantage=advantage, policy_version=_version(rollout.metadata.get("policy_version")),
-                      staleness=staleness)
+    base = Experience(
+        rollout_id=rollout.rollout_id,
+        batch_id=batch_id,
+        group_id=rollout.group_id or "",
+        turn=0,
+        tokens=[],
+        prompt_length=0,
+        logprobs=None,
+        action_mask=[],
+        reward=reward,
+        advantage=advantage,
+        policy_version=_version(rollout.metadata.get("policy_version")),
+        staleness=staleness,
+    )
     return [
-        dataclasses.replace(base, turn=i, tokens=s.tokens, prompt_length=s.prompt_length, logprobs=s.logprobs,
-                            action_mask=s.action_mask, finish_reason=s.finish_reason,
-                            policy_version=base.policy_version if s.policy_version is None else s.policy_version)
+        dataclasses.replace(
+            base,
+            turn=i,
+            tokens=s.tokens,
+            prompt_length=s.prompt_length,
+            logprobs=s.logprobs,
+            action_mask=s.action_mask,
+            finish_reason=s.finish_reason,
+            policy_version=base.policy_version if s.policy_version is None else s.policy_version,
+        )
         for i, s in enumerate(sequences_from_steps(steps))
     ] or [base]
 
@@ -155,20 +225,32 @@ def experiences_for_rollout(rollout: Rollout, steps: Sequence[Step], reward: flo
 def _schema() -> Any:
     import pyarrow as pa
 
-    return pa.schema([
-        ("rollout_id", pa.string()), ("batch_id", pa.string()), ("group_id", pa.string()),
-        ("turn", pa.int32()), ("tokens", pa.list_(pa.int64())), ("prompt_length", pa.int32()),
-        ("logprobs", pa.list_(pa.float32())), ("action_mask", pa.list_(pa.int8())),
-        ("reward", pa.float64()), ("advantage", pa.float64()), ("policy_version", pa.int64()),
-        ("staleness", pa.int32()), ("finish_reason", pa.string()),
-    ])
+    return pa.schema(
+        [
+            ("rollout_id", pa.string()),
+            ("batch_id", pa.string()),
+            ("group_id", pa.string()),
+            ("turn", pa.int32()),
+            ("tokens", pa.list_(pa.int64())),
+            ("prompt_length", pa.int32()),
+            ("logprobs", pa.list_(pa.float32())),
+            ("action_mask", pa.list_(pa.int8())),
+            ("reward", pa.float64()),
+            ("advantage", pa.float64()),
+            ("policy_version", pa.int64()),
+            ("staleness", pa.int32()),
+            ("finish_reason", pa.string()),
+        ]
+    )
 
 
 def _import_pyarrow() -> Any:
     try:
         import pyarrow.parquet as pq
     except ImportError as exc:
-        raise RollfleetError("the experience buffer needs pyarrow: pip install 'rollfleet[coordinator]'") from exc
+        raise RollfleetError(
+            "the experience buffer needs pyarrow: pip install 'rollfleet[coordinator]'"
+        ) from exc
     return pq
 
 
@@ -178,7 +260,9 @@ def buffer_file(directory: str | Path, batch_id: str) -> Path:
     return Path(directory) / f"{safe}.parquet"
 
 
-def write_experiences(directory: str | Path, batch_id: str, experiences: Sequence[Experience]) -> Path:
+def write_experiences(
+    directory: str | Path, batch_id: str, experiences: Sequence[Experience]
+) -> Path:
     """Write a batch's experiences as one Parquet file, atomically; returns its path."""
     pq = _import_pyarrow()
     import pyarrow as pa

@@ -1,7 +1,9 @@
-"""HTTP routes for batches: ``coordinator_router(coordinator)``, mounted at ``/batches`` by ``rollfleet serve``.
+"""HTTP routes for batches: ``coordinator_router(coordinator)``, mounted at ``/batches`` by serve.
 
-Errors are the app's usual ``{"error", "message"}`` bodies (404 unknown batch, 409 aborted or
-reused batch id, 422 bad input): the router raises rollfleet errors and the app maps them.
+Answers are the coordinator's records as JSON (``BatchInfo``, ``FinalizeResult``, ``AbortResult``,
+``ExperienceStats``). Errors are the app's usual ``{"error", "message"}`` bodies (404 unknown
+batch, 409 a state change the batch's lifecycle refuses or a reused batch id, 422 bad input): the
+router raises rollfleet errors and the app maps them.
 """
 
 from __future__ import annotations
@@ -12,7 +14,14 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rollfleet.coordinator.coordinator import RolloutCoordinator
-from rollfleet.coordinator.state import BatchState, BatchType, StragglerPolicy
+from rollfleet.coordinator.experiences import ExperienceStats
+from rollfleet.coordinator.state import (
+    AbortResult,
+    BatchInfo,
+    BatchType,
+    FinalizeResult,
+    StragglerPolicy,
+)
 from rollfleet.model import RolloutConfig, RolloutSpec
 
 
@@ -23,7 +32,9 @@ class SubmitBatch(BaseModel):
 
     batch_id: str = Field(min_length=1, max_length=150, pattern=r"^[^/]+$")
     tasks: list[Any] = Field(default_factory=list, description="task inputs")
-    specs: list[RolloutSpec] = Field(default_factory=list, description="or full rollout specs, one per task")
+    specs: list[RolloutSpec] = Field(
+        default_factory=list, description="or full rollout specs, one per task"
+    )
     batch_type: BatchType = "train"
     min_wait_num: int | None = Field(default=None, ge=1)
     repeat_times: int = Field(default=1, ge=1)
@@ -35,7 +46,9 @@ class SubmitBatch(BaseModel):
     @model_validator(mode="after")
     def _one_kind(self) -> SubmitBatch:
         if bool(self.tasks) == bool(self.specs):
-            raise ValueError("give exactly one of tasks (inputs) or specs (rollout specs), not empty")
+            raise ValueError(
+                "give exactly one of tasks (inputs) or specs (rollout specs), not empty"
+            )
         return self
 
 
@@ -58,24 +71,11 @@ class AbortBatch(BaseModel):
 
 
 class ProcessExperiences(BaseModel):
-    """Body of ``POST /batches/{id}/experiences`` (files go to the server's experience directory)."""
+    """Body of ``POST /batches/{id}/experiences`` (files go to the server's experience dir)."""
 
     model_config = ConfigDict(extra="forbid")
 
     std_normalize: bool = True
-
-
-def _summary(batch: BatchState) -> dict[str, Any]:
-    out = batch.model_dump(mode="json", exclude={"statuses", "included", "carry_pool"})
-    out["rollout_statuses"] = {s.value: n for s, n in _count(batch).items()}
-    return out
-
-
-def _count(batch: BatchState) -> dict[Any, int]:
-    counts: dict[Any, int] = {}
-    for status in batch.statuses.values():
-        counts[status] = counts.get(status, 0) + 1
-    return counts
 
 
 def coordinator_router(coordinator: RolloutCoordinator) -> APIRouter:
@@ -83,33 +83,42 @@ def coordinator_router(coordinator: RolloutCoordinator) -> APIRouter:
     r = APIRouter(tags=["batches"])
 
     @r.post("")
-    async def submit(body: SubmitBatch) -> dict[str, Any]:
-        batch = await coordinator.submit_batch(
-            body.batch_id, body.specs or body.tasks, body.batch_type, body.min_wait_num, body.repeat_times,
-            policy=body.policy, mode=body.mode, config=body.config, priority=body.priority,
+    async def submit(body: SubmitBatch) -> BatchInfo:
+        return await coordinator.submit_batch(
+            body.batch_id,
+            body.specs or body.tasks,
+            body.batch_type,
+            body.min_wait_num,
+            body.repeat_times,
+            policy=body.policy,
+            mode=body.mode,
+            config=body.config,
+            priority=body.priority,
         )
-        return _summary(batch)
 
     @r.get("")
-    async def list_batches() -> list[dict[str, Any]]:
-        return [_summary(await coordinator.refresh(b.batch_id)) for b in await coordinator.list_batches()]
+    async def list_batches() -> list[BatchInfo]:
+        return await coordinator.list_batches()
 
     @r.get("/{batch_id}")
-    async def get_batch(batch_id: str) -> dict[str, Any]:
-        return _summary(await coordinator.refresh(batch_id))
+    async def get_batch(batch_id: str) -> BatchInfo:
+        return await coordinator.get_batch(batch_id)
 
     @r.post("/{batch_id}/finalize")
-    async def finalize(batch_id: str, body: FinalizeBatch | None = None) -> dict[str, Any]:
+    async def finalize(batch_id: str, body: FinalizeBatch | None = None) -> FinalizeResult:
         body = body or FinalizeBatch()
-        return await coordinator.finalize_batch(batch_id, timeout=body.timeout, wait_after_min=body.wait_after_min)
+        return await coordinator.finalize_batch(
+            batch_id, timeout=body.timeout, wait_after_min=body.wait_after_min
+        )
 
     @r.post("/{batch_id}/abort")
-    async def abort(batch_id: str, body: AbortBatch) -> dict[str, Any]:
-        return await coordinator.abort_batch(batch_id, reason=body.reason,
-                                             keep_partial_results=body.keep_partial_results)
+    async def abort(batch_id: str, body: AbortBatch) -> AbortResult:
+        return await coordinator.abort_batch(
+            batch_id, reason=body.reason, keep_partial_results=body.keep_partial_results
+        )
 
     @r.post("/{batch_id}/experiences")
-    async def experiences(batch_id: str, body: ProcessExperiences | None = None) -> dict[str, Any]:
+    async def experiences(batch_id: str, body: ProcessExperiences | None = None) -> ExperienceStats:
         body = body or ProcessExperiences()
         return await coordinator.process_experiences(batch_id, std_normalize=body.std_normalize)
 

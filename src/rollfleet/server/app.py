@@ -149,6 +149,10 @@ def store_router(store: Store) -> APIRouter:
         await store.get_rollout(rollout_id)  # 404 for an unknown rollout
         return as_json(await store.query_steps(rollout_id, attempt_id, cursor, limit))
 
+    @r.post("/rollouts/steps")
+    async def query_steps_many(body: s.StepsQuery) -> Response:
+        return as_json(await store.query_steps_many(body.rollout_ids, body.cursor, body.limit))
+
     @r.post("/claims")
     async def claim(body: s.ClaimRequest, request: Request) -> Response:
         return await calls["/claims"][1](body, request)

@@ -50,6 +50,14 @@ class AddSteps(Record):
     steps: list[StepIn] = Field(max_length=10_000)
 
 
+class StepsQuery(Record):
+    """Body of POST /rollouts/steps (the store refuses more than 1,000 ids)."""
+
+    rollout_ids: list[str]
+    cursor: str | None = None
+    limit: int = Field(default=500, ge=1, le=1000)
+
+
 class CompleteRequest(Record):
     """Body of POST /attempts/{id}/complete."""
 

@@ -29,6 +29,7 @@ from rollfleet.model import (
 )
 
 T = TypeVar("T")
+MAX_STEP_ROLLOUTS = 1000  # rollout ids one query_steps_many call may name
 PageReader = Callable[[str | None], Awaitable[Page[T]]]
 
 
@@ -146,6 +147,11 @@ class Store(Protocol):
     async def query_steps(self, rollout_id: str, attempt_id: str | None = None, cursor: str | None = None,
                           limit: int = 500) -> Page[Step]:
         """Return a page of a rollout's steps in order."""
+        ...
+
+    async def query_steps_many(self, rollout_ids: Sequence[str], cursor: str | None = None,
+                               limit: int = 500) -> Page[Step]:
+        """Return a page of the steps of up to 1,000 rollouts, by rollout id then sequence."""
         ...
 
     async def add_resources(self, values: dict[str, Any], resources_id: str | None = None) -> Resources:

@@ -12,8 +12,9 @@ from rollfleet.errors import InvalidInput, NotFound
 from rollfleet.model import (
     Attempt, AttemptStatus, Page, Resources, Rollout, RolloutStatus, Statistics, Step, Worker, WorkerStatus,
 )
+from rollfleet.store.base import MAX_STEP_ROLLOUTS
 from rollfleet.store.records import _ids, attempt_from_row, dumps, loads, rollout_from_row
-from rollfleet.store.tx import Tx
+from rollfleet.store.tx import Row, Tx
 
 MAX_PAGE = 1000
 
@@ -91,12 +92,40 @@ def query_steps(
     limit = max(1, min(limit, MAX_PAGE))
     rows = tx.all("select_steps", rollout_id=rollout_id, attempt_id=attempt_id,
                   cursor=_int_cursor(cursor, 0), limit=limit)
-    items = [
-        Step(rollout_id=r["rollout_id"], attempt_id=r["attempt_id"], sequence=r["sequence"], kind=r["kind"],
-             payload=loads(r["payload"]), timestamp=r["timestamp"])
-        for r in rows
-    ]
+    items = [_step(r) for r in rows]
     return Page(items=items, next_cursor=str(items[-1].sequence) if len(items) == limit else None)
+
+
+def query_steps_many(
+    tx: Tx, rollout_ids: Sequence[str], cursor: str | None, limit: int,
+) -> Page[Step]:
+    """Return a page of the steps of many rollouts, by rollout id then sequence.
+
+    The cursor is ``<sequence>:<rollout_id>`` of the last step returned (ids may hold colons).
+    """
+    if len(rollout_ids) > MAX_STEP_ROLLOUTS:
+        raise InvalidInput(f"query_steps_many: at most {MAX_STEP_ROLLOUTS} rollout ids a call, "
+                           f"got {len(rollout_ids)}")
+    if not rollout_ids:
+        return Page(items=[])
+    after_sequence, after_id = 0, ""
+    if cursor:
+        head, sep, after_id = cursor.partition(":")
+        if not sep:
+            raise InvalidInput(f"cursor {cursor!r} is not a cursor this store returned")
+        after_sequence = _int_cursor(head, 0)
+    limit = max(1, min(limit, MAX_PAGE))
+    rows = tx.all("select_steps_many", ids=_ids(rollout_ids), after_id=after_id,
+                  after_sequence=after_sequence, limit=limit)
+    items = [_step(r) for r in rows]
+    if len(items) < limit:
+        return Page(items=items)
+    return Page(items=items, next_cursor=f"{items[-1].sequence}:{items[-1].rollout_id}")
+
+
+def _step(r: Row) -> Step:
+    return Step(rollout_id=r["rollout_id"], attempt_id=r["attempt_id"], sequence=r["sequence"],
+                kind=r["kind"], payload=loads(r["payload"]), timestamp=r["timestamp"])
 
 
 def get_resources(tx: Tx, resources_id: str | None) -> Resources | None:

@@ -282,6 +282,11 @@ class SqlStore:
         """Return a page of a rollout's steps in order."""
         return await self.backend.read(reads.query_steps, rollout_id, attempt_id, cursor, limit)
 
+    async def query_steps_many(self, rollout_ids: Sequence[str], cursor: str | None = None,
+                               limit: int = 500) -> Page[Step]:
+        """Return a page of the steps of up to 1,000 rollouts, by rollout id then sequence."""
+        return await self.backend.read(reads.query_steps_many, list(rollout_ids), cursor, limit)
+
     async def add_resources(self, values: dict[str, Any], resources_id: str | None = None) -> Resources:
         """Store a new version of the resources agents use."""
         return await self._write(ops.add_resources, values, resources_id, self._clock())

@@ -267,6 +267,12 @@ WHERE rollout_id = :rollout_id AND (:attempt_id::text IS NULL OR attempt_id = :a
   AND sequence > :cursor
 ORDER BY sequence LIMIT :limit;
 
+-- name: select_steps_many
+SELECT * FROM steps
+WHERE rollout_id IN (SELECT json_array_elements_text(:ids::json))
+  AND (rollout_id, sequence) > (:after_id::text, :after_sequence::integer)
+ORDER BY rollout_id, sequence LIMIT :limit;
+
 -- name: insert_resources
 INSERT INTO resources (resources_id, vals, created_at) VALUES (:resources_id, :vals, :now);
 

@@ -255,6 +255,12 @@ SELECT * FROM steps
 WHERE rollout_id = :rollout_id AND (:attempt_id IS NULL OR attempt_id = :attempt_id) AND sequence > :cursor
 ORDER BY sequence LIMIT :limit;
 
+-- name: select_steps_many
+SELECT * FROM steps
+WHERE rollout_id IN (SELECT value FROM json_each(:ids))
+  AND (rollout_id, sequence) > (:after_id, :after_sequence)
+ORDER BY rollout_id, sequence LIMIT :limit;
+
 -- name: insert_resources
 INSERT INTO resources (resources_id, vals, created_at) VALUES (:resources_id, :vals, :now);
 
