@@ -74,16 +74,11 @@ def mount_batches(store: Store, parts: ServerParts, extras: dict[str, Any]) -> N
     parts.on_shutdown.append(coordinator.shutdown)
 
     async def batches() -> list[dict[str, Any]]:
-        return [
-            {
-                **b.model_dump(mode="json", exclude={"carry_pool", "included", "statuses"}),
-                "completed_task_count": b.completed_task_count,
-            }
-            for b in await coordinator.list_batches()
-        ]
+        listed = await coordinator.list_batches(refresh=False)
+        return [b.model_dump(mode="json", exclude={"rollout_statuses"}) for b in listed]
 
     async def abort_batch(batch_id: str, reason: str) -> Any:
-        return await coordinator.abort_batch(batch_id, reason=reason)
+        return (await coordinator.abort_batch(batch_id, reason=reason)).model_dump(mode="json")
 
     extras.setdefault("batches", batches)
     extras.setdefault("abort_batch", abort_batch)
