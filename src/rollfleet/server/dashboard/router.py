@@ -24,7 +24,7 @@ from starlette.routing import Route
 
 from rollfleet.errors import InvalidInput, NotFound
 from rollfleet.model import RolloutStatus
-from rollfleet.server.app import as_json
+from rollfleet.server.routes.common import as_json
 from rollfleet.server.dashboard import views
 from rollfleet.server.dashboard.live import (
     EXTRA_SECTIONS,
