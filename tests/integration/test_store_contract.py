@@ -9,6 +9,7 @@ import pytest
 
 from rollfleet.errors import Conflict, InvalidInput, NotFound
 from rollfleet.model import AttemptStatus, RolloutResult, RolloutSpec, RolloutStatus, StepIn, WorkerStatus
+from rollfleet.store.base import Store
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -72,6 +73,20 @@ async def test_heartbeat_runs_and_extends_lease(case) -> None:  # type: ignore[n
     case.clock.advance(9)
     await s.reap()
     assert (await s.get_rollout(r.rollout_id)).status is RolloutStatus.RUNNING
+
+
+async def test_every_backend_is_a_store_reaped_in_background(case) -> None:  # type: ignore[no-untyped-def]
+    s = case.store
+    assert isinstance(s, Store)  # every member of the protocol, start_reaper included
+    s.start_reaper(0.01)  # in-process: a task until close(); over HTTP: nothing, the server reaps
+    s.start_reaper(0.01)  # a second start changes nothing
+    await s.enqueue_rollout("x", config={"heartbeat_s": 5})
+    old = await claim_one(s)
+    case.clock.advance(6)
+    deadline = time.monotonic() + 10  # nobody calls reap() here
+    while (await s.get_rollout(old.rollout_id)).status is not RolloutStatus.QUEUING:
+        assert time.monotonic() < deadline, "the lapsed lease was never reaped"
+        await asyncio.sleep(0.02)
 
 
 async def test_complete_records_result_once(case) -> None:  # type: ignore[no-untyped-def]

@@ -275,6 +275,9 @@ class HttpStore:
                                                               retry=True))
         return found
 
+    def start_reaper(self, interval_s: float = 1.0) -> None:
+        """Nothing to start: the server this store talks to runs the reaper."""
+
     async def close(self) -> None:
         """Close the HTTP connections."""
         self._client.close()

@@ -6,15 +6,13 @@ pools, engines) happens above it, in :mod:`rollfleet.compose`.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from fastapi import APIRouter
 
+from rollfleet.server.app import Hook
 from rollfleet.store.base import Store
-
-Hook = Callable[[], Awaitable[Any] | Any]
 
 
 @dataclass

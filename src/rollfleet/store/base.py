@@ -186,6 +186,13 @@ class Store(Protocol):
         """Return every stored key/value under a prefix."""
         ...
 
+    def start_reaper(self, interval_s: float = 1.0) -> None:
+        """Reap in the background every ``interval_s`` seconds until closed; needs a running loop.
+
+        A store that a remote server reaps for (HTTP) does nothing here.
+        """
+        ...
+
     async def close(self) -> None:
-        """Release connections and background tasks."""
+        """Release connections and background tasks (the reaper included)."""
         ...

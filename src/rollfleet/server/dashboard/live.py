@@ -48,8 +48,15 @@ async def call_provider(fn: Provider | None) -> Any:
 async def load_history(store: Store, now: float) -> views.History:
     """Read the last hour's finished rollouts into a fresh History."""
     history = views.History()
-    pages = iter_pages(lambda cursor: _query(store, status=list(TERMINAL_ROLLOUT), cursor=cursor,
-                                             updated_after=now - views.HISTORY_S, limit=HISTORY_PAGE))
+    pages = iter_pages(
+        lambda cursor: _query(
+            store,
+            status=list(TERMINAL_ROLLOUT),
+            cursor=cursor,
+            updated_after=now - views.HISTORY_S,
+            limit=HISTORY_PAGE,
+        )
+    )
     async for items in pages:
         history.add(items, now)
     return history
@@ -147,7 +154,9 @@ class LiveHub:
         while True:
             started = time.monotonic()
             # Arm the wake-up before reading, so a write that lands during the read is not missed.
-            woken = asyncio.ensure_future(wait(IDLE_REFRESH_S) if wait else asyncio.sleep(IDLE_REFRESH_S / 2))
+            woken = asyncio.ensure_future(
+                wait(IDLE_REFRESH_S) if wait else asyncio.sleep(IDLE_REFRESH_S / 2)
+            )
             await asyncio.sleep(0)
             try:
                 await self.push()
@@ -169,7 +178,9 @@ class LiveHub:
         update = {k: v for k, v in state.items() if self.state.get(k) != v}
         self.state = state
         if not self._incremental and "stats" in update:
-            update["truncated"] = True  # this store cannot say which rollouts changed: pages refetch
+            update["truncated"] = (
+                True  # this store cannot say which rollouts changed: pages refetch
+            )
         if changed:
             update["rollouts"] = [views.rollout_row(r) for r in changed[:MAX_CHANGED]]
             update["truncated"] = len(changed) > MAX_CHANGED
@@ -187,8 +198,9 @@ class LiveHub:
         since = (self._since or now) - OVERLAP_S
         self._since = now
         found: dict[str, Rollout] = {}
-        async for items in iter_pages(lambda cursor: _query(self.store, updated_after=since, cursor=cursor,
-                                                            limit=1000)):
+        async for items in iter_pages(
+            lambda cursor: _query(self.store, updated_after=since, cursor=cursor, limit=1000)
+        ):
             found.update((r.rollout_id, r) for r in items)
             if len(found) > MAX_CHANGED:
                 break
@@ -214,14 +226,17 @@ class LiveHub:
             return None
         try:
             return await call_provider(self.extras[name])
-        except Exception as exc:  # a broken provider shows as an error on its page, not a dead stream
+        except (
+            Exception
+        ) as exc:  # a broken provider shows as an error on its page, not a dead stream
             log.warning("dashboard provider %s failed: %s", name, exc)
             return {"error": f"{type(exc).__name__}: {exc}"}
 
     async def _workers(self, now: float) -> list[dict[str, Any]]:
         workers = (await self.store.query_workers(None, 1000)).items
-        active = await self.store.query_rollouts(status=[RolloutStatus.PREPARING, RolloutStatus.RUNNING],
-                                                 limit=1000)
+        active = await self.store.query_rollouts(
+            status=[RolloutStatus.PREPARING, RolloutStatus.RUNNING], limit=1000
+        )
         by_attempt = {r.attempt.attempt_id: r.rollout_id for r in active.items if r.attempt}
         rows = [views.worker_row(w, by_attempt, now) for w in workers]
         if self.history is not None:

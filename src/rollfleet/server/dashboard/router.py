@@ -24,7 +24,6 @@ from starlette.routing import Route
 
 from rollfleet.errors import InvalidInput, NotFound
 from rollfleet.model import RolloutStatus
-from rollfleet.server.app import as_json
 from rollfleet.server.dashboard import views
 from rollfleet.server.dashboard.live import (
     EXTRA_SECTIONS,
@@ -33,12 +32,18 @@ from rollfleet.server.dashboard.live import (
     load_history,
     sse,
 )
+from rollfleet.server.routes.common import as_json
 from rollfleet.store.base import Store
 
 log = logging.getLogger("rollfleet.dashboard")
 
 KEEPALIVE_S = 15.0
-MEDIA_TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html", ".svg": "image/svg+xml"}
+MEDIA_TYPES = {
+    ".js": "text/javascript",
+    ".css": "text/css",
+    ".html": "text/html",
+    ".svg": "image/svg+xml",
+}
 ASSET_PREFIX = "/dashboard/assets/"
 
 
@@ -62,12 +67,12 @@ class Assets:
 
     def __init__(self) -> None:
         self.files = _read_assets()
-        digest = hashlib.sha256(b"".join(self.files[k] for k in sorted(self.files))).hexdigest()[:12]
-        self.version = digest
+        everything = b"".join(self.files[k] for k in sorted(self.files))
+        self.version = hashlib.sha256(everything).hexdigest()[:12]
         modules = sorted(k for k in self.files if k.startswith("js/") and k != "js/app.js")
         preload = "".join(f'<link rel="modulepreload" href="{ASSET_PREFIX}{m}">' for m in modules)
         index = self.files["index.html"].replace(b"{{preload}}", preload.encode())
-        self.index = index.replace(b"{{version}}", digest.encode())
+        self.index = index.replace(b"{{version}}", self.version.encode())
 
     def response(self, name: str, request: Request) -> Response:
         """The asset's bytes, or 304 when the browser has this version already."""
@@ -104,7 +109,9 @@ def dashboard_router(store: Store, extras: Mapping[str, Any] | None = None) -> A
         return assets.response(request.path_params["name"], request)
 
     r.routes.append(Route("/", shell, methods=["GET"], include_in_schema=False))
-    r.routes.append(Route(ASSET_PREFIX + "{name:path}", asset, methods=["GET"], include_in_schema=False))
+    r.routes.append(
+        Route(ASSET_PREFIX + "{name:path}", asset, methods=["GET"], include_in_schema=False)
+    )
     _data_routes(r, store, extras, hub)
     return r
 
@@ -112,14 +119,28 @@ def dashboard_router(store: Store, extras: Mapping[str, Any] | None = None) -> A
 def _data_routes(r: APIRouter, store: Store, extras: dict[str, Any], hub: LiveHub) -> None:
     @r.get("/dashboard/api/rollouts", include_in_schema=False)
     async def rollouts(
-        status: RolloutStatus | None = None, mode: str | None = None, batch_id: str | None = None,
-        worker_id: str | None = None, search: str | None = None, cursor: str | None = None,
-        limit: int = Query(50, ge=1, le=500), order: str = Query("desc", pattern="^(asc|desc)$"),
+        status: RolloutStatus | None = None,
+        mode: str | None = None,
+        batch_id: str | None = None,
+        worker_id: str | None = None,
+        search: str | None = None,
+        cursor: str | None = None,
+        limit: int = Query(50, ge=1, le=500),
+        order: str = Query("desc", pattern="^(asc|desc)$"),
     ) -> Response:
-        page = await store.query_rollouts(status=status, mode=mode or None, batch_id=batch_id or None,
-                                          worker_id=worker_id or None, search=search or None,
-                                          cursor=cursor or None, limit=limit, order=order)
-        return as_json({"items": [views.rollout_row(x) for x in page.items], "next_cursor": page.next_cursor})
+        page = await store.query_rollouts(
+            status=status,
+            mode=mode or None,
+            batch_id=batch_id or None,
+            worker_id=worker_id or None,
+            search=search or None,
+            cursor=cursor or None,
+            limit=limit,
+            order=order,
+        )
+        return as_json(
+            {"items": [views.rollout_row(x) for x in page.items], "next_cursor": page.next_cursor}
+        )
 
     @r.get("/dashboard/api/overview", include_in_schema=False)
     async def overview() -> Response:
@@ -144,7 +165,9 @@ def _data_routes(r: APIRouter, store: Store, extras: dict[str, Any], hub: LiveHu
         body = await request.json() if await request.body() else {}
         reason = str(body.get("reason") or "aborted from the dashboard")
         log.info("dashboard: abort batch %s (%s)", batch_id, reason)
-        return as_json({"batch_id": batch_id, "result": await call_provider(lambda: fn(batch_id, reason))})
+        return as_json(
+            {"batch_id": batch_id, "result": await call_provider(lambda: fn(batch_id, reason))}
+        )
 
     @r.get("/dashboard/api/events", include_in_schema=False)
     async def events() -> StreamingResponse:

@@ -52,7 +52,9 @@ def worker_row(w: Worker, rollouts_by_attempt: dict[str, str], now: float) -> di
         "worker_id": w.worker_id,
         "status": effective_status(w).value,
         "current_attempts": list(w.current_attempts),
-        "current_rollouts": [rollouts_by_attempt[a] for a in w.current_attempts if a in rollouts_by_attempt],
+        "current_rollouts": [
+            rollouts_by_attempt[a] for a in w.current_attempts if a in rollouts_by_attempt
+        ],
         "registered_at": w.registered_at,
         "last_heartbeat_at": w.last_heartbeat_at,
         "succeeded": w.rollouts_succeeded,
@@ -88,8 +90,10 @@ class History:
                 continue
             minute = int(r.finished_at // BUCKET_S)
             self.seen[r.rollout_id] = minute
-            b = self.buckets.setdefault(minute, {"succeeded": 0, "failed": 0, "cancelled": 0,
-                                                 "reward_sum": 0.0, "reward_n": 0})
+            b = self.buckets.setdefault(
+                minute,
+                {"succeeded": 0, "failed": 0, "cancelled": 0, "reward_sum": 0.0, "reward_n": 0},
+            )
             b[r.status.value] += 1
             reward = r.result.reward if r.result else None
             if reward is not None and math.isfinite(reward):
@@ -123,7 +127,9 @@ class History:
             "succeeded": [int(b["succeeded"]) for b in rows],
             "failed": [int(b["failed"]) for b in rows],
             "cancelled": [int(b["cancelled"]) for b in rows],
-            "reward_mean": [b["reward_sum"] / b["reward_n"] if b["reward_n"] else None for b in rows],
+            "reward_mean": [
+                b["reward_sum"] / b["reward_n"] if b["reward_n"] else None for b in rows
+            ],
             "failed_last_hour": sum(int(b["failed"]) for b in rows),
             "finished_last_hour": sum(int(b["succeeded"] + b["failed"]) for b in rows),
         }

@@ -2,7 +2,7 @@
 // raw JSON on demand; reloads itself when the live stream says this rollout changed.
 
 import { api, query } from "./api.js";
-import { badge, clear, compact, confirmDialog, fmtDateTime, fmtDuration, fmtNum, h, json, table, toast } from "./ui.js";
+import { badge, clear, compact, confirmDialog, copyButton, fmtDateTime, fmtDuration, fmtNum, h, idText, json, table, toast } from "./ui.js";
 
 const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 
@@ -79,7 +79,7 @@ function render(body, r, attempts, steps, reload) {
   };
   clear(
     body,
-    h("div", { class: "title-row" }, h("h1", { class: "mono" }, r.rollout_id), active ? h("button", { class: "danger", id: "cancel-rollout", onclick: cancel }, "Cancel rollout") : null),
+    h("div", { class: "title-row" }, h("h1", { class: "mono" }, r.rollout_id, copyButton(r.rollout_id)), active ? h("button", { class: "danger", id: "cancel-rollout", onclick: cancel }, "Cancel rollout") : null),
     h("dl", { class: "facts" }, facts.map(([k, v]) => [h("dt", {}, k), h("dd", { dataset: { fact: k } }, v)])),
     r.error ? h("pre", { class: "error-box" }, r.error) : null,
     h("h2", {}, "Input"),
@@ -99,8 +99,8 @@ function attemptsTable(attempts) {
       "tr",
       {},
       h("td", { class: "num" }, a.sequence),
-      h("td", { class: "mono" }, a.attempt_id),
-      h("td", { class: "mono" }, a.worker_id || "–"),
+      h("td", { class: "mono" }, a.attempt_id, copyButton(a.attempt_id)),
+      h("td", {}, idText(a.worker_id)),
       h("td", {}, badge(a.status)),
       h("td", {}, fmtDateTime(a.started_at)),
       h("td", { class: "num" }, fmtDuration(a.finished_at ? a.finished_at - a.started_at : null)),

@@ -1,7 +1,7 @@
 // Rollouts: filters, id search, cursor pagination, live row updates, cancel and requeue actions.
 
 import { api, query } from "./api.js";
-import { badge, clear, confirmDialog, fmtDuration, fmtNum, fmtTime, h, rolloutLink, shortId, table, toast } from "./ui.js";
+import { badge, clear, confirmDialog, fmtDuration, fmtNum, fmtTime, h, idText, rolloutLink, shortId, table, toast } from "./ui.js";
 
 const STATUSES = ["queuing", "preparing", "running", "succeeded", "failed", "cancelled"];
 const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
@@ -60,12 +60,12 @@ export function mount(root, { params, live }) {
     return h(
       "tr",
       { dataset: { id: r.rollout_id, status: r.status } },
-      h("td", {}, rolloutLink(r.rollout_id)),
+      h("td", { class: "rid" }, rolloutLink(r.rollout_id)),
       h("td", { class: "status", title: r.error || null }, badge(r.status)),
       h("td", {}, r.mode || "–"),
-      h("td", { class: "mono" }, r.batch_id ? shortId(r.batch_id) : "–"),
+      h("td", { class: "batch" }, idText(r.batch_id)),
       h("td", { class: "num" }, r.attempts),
-      h("td", { class: "mono" }, r.worker_id || "–"),
+      h("td", { class: "worker" }, idText(r.worker_id)),
       h("td", {}, fmtTime(r.started_at || r.created_at)),
       h("td", { class: "num" }, fmtDuration(duration(r, now))),
       h("td", { class: "num" }, r.reward === null ? "–" : fmtNum(r.reward)),

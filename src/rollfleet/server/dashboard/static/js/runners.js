@@ -1,6 +1,6 @@
 // Runners: every worker with its status, current rollouts, last heartbeat, counters and throughput.
 
-import { badge, card, clear, compact, fmtAgo, fmtDateTime, fmtNum, h, rolloutLink, table } from "./ui.js";
+import { badge, card, clear, compact, fmtAgo, fmtDateTime, fmtNum, h, idText, rolloutLink, table } from "./ui.js";
 
 export function mount(root, { live }) {
   const summary = h("section", { class: "cards" });
@@ -26,7 +26,7 @@ export function mount(root, { live }) {
       h(
         "tr",
         { dataset: { worker: w.worker_id, status: w.status } },
-        h("td", { class: "mono" }, w.worker_id),
+        h("td", { class: "worker" }, idText(w.worker_id)),
         h("td", { class: "status" }, badge(w.status)),
         h("td", { class: "current" }, w.current_rollouts.length ? w.current_rollouts.map((id) => [rolloutLink(id), " "]) : h("span", { class: "muted" }, "–")),
         h("td", { title: fmtDateTime(w.last_heartbeat_at) }, fmtAgo(w.last_heartbeat_at, now)),

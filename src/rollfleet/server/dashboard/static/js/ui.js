@@ -67,12 +67,62 @@ export function fmtNum(x, digits = 3) {
   return Number.isInteger(x) ? String(x) : x.toFixed(digits);
 }
 
+// Ids are time-ordered ("ro-" + 12 hex of milliseconds + 16 random hex): rows made together share
+// their start, so a long id keeps its kind ("ro-") and its tail, the part that tells rows apart;
+// other long ids (host names…) keep a little of their start too.
+const ID_FULL = 20; // ids up to this long are shown whole
+const ID_TAIL = 8;
+const GENERATED = /^([a-z]{1,5}-)[0-9a-f]{20,}$/i;
+
 export function shortId(id) {
-  return id && id.length > 16 ? `${id.slice(0, 14)}…` : id || "–";
+  if (!id) return "–";
+  if (id.length <= ID_FULL) return id;
+  const made = GENERATED.exec(id);
+  return `${made ? made[1] : id.slice(0, ID_TAIL)}…${id.slice(-ID_TAIL)}`;
+}
+
+// Put text on the clipboard: the Clipboard API where the page may use it, else a hidden selection.
+export async function copyText(text) {
+  if (navigator.clipboard && window.isSecureContext) return navigator.clipboard.writeText(text);
+  const area = h("textarea", { readonly: true, class: "offscreen", value: text });
+  document.body.append(area);
+  area.select();
+  const ok = document.execCommand("copy");
+  area.remove();
+  if (!ok) throw new Error("the browser refused");
+}
+
+export function copyButton(id) {
+  const copy = (ev) => {
+    ev.preventDefault();
+    ev.stopPropagation();
+    copyText(id).then(
+      () => toast(`Copied ${id}`, "ok"),
+      (err) => toast(`Copy failed: ${err.message}`, "bad"),
+    );
+  };
+  return h("button", { type: "button", class: "copy", title: `Copy ${id}`, "aria-label": "copy id", dataset: { copy: id }, onclick: copy }, copyIcon());
+}
+
+// Two overlapping sheets, drawn (a font may lack a copy glyph).
+function copyIcon() {
+  return svg(
+    "svg",
+    { viewBox: "0 0 16 16", width: 12, height: 12, "aria-hidden": "true" },
+    svg("rect", { x: 5.5, y: 5.5, width: 8, height: 8, rx: 1.5 }),
+    svg("path", { d: "M10.5 5.5V4A1.5 1.5 0 0 0 9 2.5H4A1.5 1.5 0 0 0 2.5 4v5A1.5 1.5 0 0 0 4 10.5h1.5" }),
+  );
+}
+
+// An id as a table cell shows it: the telling part, the whole id on hover, a copy button; `href` links it.
+export function idText(id, href) {
+  if (!id) return "–";
+  const text = href ? h("a", { href, class: "mono", title: id }, shortId(id)) : h("span", { class: "mono", title: id }, shortId(id));
+  return h("span", { class: "id" }, text, copyButton(id));
 }
 
 export function rolloutLink(id) {
-  return h("a", { href: `#/rollouts/${encodeURIComponent(id)}`, class: "mono", title: id }, shortId(id));
+  return idText(id, `#/rollouts/${encodeURIComponent(id)}`);
 }
 
 export function json(value) {

@@ -1,0 +1,35 @@
+"""Trajectory steps: append to an attempt, read a rollout's in order."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+
+from rollfleet.server import schemas as s
+from rollfleet.server.routes.common import PageLimit, as_json
+from rollfleet.store.base import Store
+
+
+def routes(store: Store) -> APIRouter:
+    """The step routes over ``store``."""
+    r = APIRouter()
+
+    @r.post("/attempts/{attempt_id}/steps")
+    async def add_steps(attempt_id: str, body: s.AddSteps) -> Response:
+        return as_json({"added": await store.add_steps(attempt_id, body.steps)})
+
+    @r.get("/rollouts/{rollout_id}/steps")
+    async def query_steps(
+        rollout_id: str,
+        attempt_id: str | None = None,
+        cursor: str | None = None,
+        limit: PageLimit = 500,
+    ) -> Response:
+        await store.get_rollout(rollout_id)  # 404 for an unknown rollout
+        return as_json(await store.query_steps(rollout_id, attempt_id, cursor, limit))
+
+    @r.post("/rollouts/steps")
+    async def query_steps_many(body: s.StepsQuery) -> Response:
+        return as_json(await store.query_steps_many(body.rollout_ids, body.cursor, body.limit))
+
+    return r
