@@ -2,7 +2,8 @@
 
 Both checks read the source with ``ast`` and count every import, at module level and inside
 functions alike (a lazy import that points up is still a dependency on a higher layer). The layer
-order is the README's.
+check counts type-only imports too; the cycle check leaves them out, since they never run. The
+layer order is the README's.
 """
 
 from __future__ import annotations
@@ -48,11 +49,28 @@ def part_of(module: str) -> str:
     return pieces[1] if len(pieces) > 1 else "__init__"
 
 
-def imports(module: str) -> Iterator[tuple[int, str]]:
-    """Every ``rollfleet`` module ``module`` imports, with the line, wherever the import stands."""
+def type_only(tree: ast.Module) -> set[int]:
+    """The ids of import nodes under ``if TYPE_CHECKING:`` (they never run)."""
+    return {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for node in ast.walk(block)
+    }
+
+
+def imports(module: str, *, typing_too: bool = True) -> Iterator[tuple[int, str]]:
+    """Every ``rollfleet`` module ``module`` imports, with the line, wherever the import stands.
+
+    ``typing_too=False`` leaves out imports under ``if TYPE_CHECKING:``, which never run.
+    """
     path = MODULES[module]
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    skip = set() if typing_too else type_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -60,7 +78,9 @@ def imports(module: str) -> Iterator[tuple[int, str]]:
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, base] if base else anchor)
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+            targets = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names
+            ]
         else:
             continue
         for target in targets:
@@ -98,7 +118,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
                 state[path.pop()] = 2
                 stack.pop()
             elif state.get(nxt) == 1:
-                return [*path[path.index(nxt):], nxt]
+                return [*path[path.index(nxt) :], nxt]
             elif nxt not in state:
                 state[nxt] = 1
                 path.append(nxt)
@@ -107,10 +127,14 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_no_import_cycle() -> None:
-    graph = {m: {t for _, t in imports(m) if t in MODULES and t != m} for m in MODULES}
+    graph = {
+        m: {t for _, t in imports(m, typing_too=False) if t in MODULES and t != m} for m in MODULES
+    }
     # a package's __init__ re-exporting its own modules is not a cycle of design
     for m in graph:
-        graph[m] = {t for t in graph[m] if not (MODULES[t].name == "__init__.py" and m.startswith(t + "."))}
+        graph[m] = {
+            t for t in graph[m] if not (MODULES[t].name == "__init__.py" and m.startswith(t + "."))
+        }
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 

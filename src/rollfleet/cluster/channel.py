@@ -26,8 +26,8 @@ from ray import exceptions as rayexc
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rollfleet.cluster import channel_actor as ca
-from rollfleet.cluster.lane import LaneAddress, out_of_band, shared_lane
 from rollfleet.cluster.cluster import NAMESPACE
+from rollfleet.cluster.lane import LaneAddress, out_of_band, shared_lane
 from rollfleet.cluster.waiting import Work, caller_name, get_all, get_all_async
 from rollfleet.errors import ChannelEmpty, ChannelFull, ClusterError, ClusterTimeout, InvalidInput
 

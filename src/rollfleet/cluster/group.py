@@ -6,21 +6,29 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rollfleet.cluster.address import WorkerAddress, WorkerInfo
 from rollfleet.cluster.cluster import NAMESPACE, Cluster
-from rollfleet.cluster.placement import CpuPlacement, NodeResources, PlacementStrategy, RankPlacement
+from rollfleet.cluster.placement import (
+    CpuPlacement,
+    NodeResources,
+    PlacementStrategy,
+    RankPlacement,
+)
+from rollfleet.cluster.rank import actor_class, current_worker, group_methods
 from rollfleet.cluster.waiting import DEATH_ERRORS, Work, get_all
-from rollfleet.cluster.worker import Worker, actor_class, group_methods
 from rollfleet.errors import ClusterError, ClusterTimeout, InvalidInput
+
+if TYPE_CHECKING:
+    from rollfleet.cluster.worker import Worker
 
 log = logging.getLogger("rollfleet.cluster")
 
-W = TypeVar("W", bound=Worker)
+W = TypeVar("W", bound="Worker")
 
 
 class _NameTaken(ClusterError):
@@ -66,7 +74,9 @@ class WorkerGroupSpec(Generic[W]):
             options["max_concurrency"] = max_concurrency
         group: WorkerGroup[W] = WorkerGroup(self, address, slots, options)
         group._start(range(len(slots)), timeout)
-        log.info("group %s launched: %d rank(s) of %s", address, len(slots), self.worker_cls.__name__)
+        log.info(
+            "group %s launched: %d rank(s) of %s", address, len(slots), self.worker_cls.__name__
+        )
         return group
 
 
@@ -83,17 +93,32 @@ def _group_address(worker_cls: type[Worker], name: str | None) -> WorkerAddress:
     """The explicit name, or the launching worker's address for a child group, or the class name."""
     if name is not None:
         return WorkerAddress.parse(name)
-    parent = Worker.current()
+    parent = current_worker()
     return parent.worker_address if parent is not None else WorkerAddress(worker_cls.__name__)
 
 
-def _slot(group: WorkerAddress, p: RankPlacement, world: int, nodes: Sequence[NodeResources], ip: str, port: int) -> _RankSlot:
+def _slot(
+    group: WorkerAddress,
+    p: RankPlacement,
+    world: int,
+    nodes: Sequence[NodeResources],
+    ip: str,
+    port: int,
+) -> _RankSlot:
     """The info and resources of rank ``p.rank``."""
     node = nodes[p.node_index]
     info = WorkerInfo(
-        address=group.get_child_address(p.rank), rank=p.rank, world_size=world, node_id=node.node_id,
-        node_ip=node.node_ip, local_rank=p.local_rank, local_world_size=p.local_world_size,
-        gpu_id=p.gpus[0] if p.gpus else None, available_gpus=p.gpus, master_addr=ip, master_port=port,
+        address=group.get_child_address(p.rank),
+        rank=p.rank,
+        world_size=world,
+        node_id=node.node_id,
+        node_ip=node.node_ip,
+        local_rank=p.local_rank,
+        local_world_size=p.local_world_size,
+        gpu_id=p.gpus[0] if p.gpus else None,
+        available_gpus=p.gpus,
+        master_addr=ip,
+        master_port=port,
     )
     return _RankSlot(info, node.node_id, p.num_cpus)
 
@@ -130,8 +155,12 @@ class WorkerGroup(Generic[W]):
             for current in ranks:
                 slot = self._slots[current]
                 self._handles[current] = remote_cls.options(
-                    name=slot.info.address.get_name(), namespace=NAMESPACE, num_cpus=slot.num_cpus, num_gpus=0,
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(slot.node_id, soft=False), **self._options,
+                    name=slot.info.address.get_name(),
+                    namespace=NAMESPACE,
+                    num_cpus=slot.num_cpus,
+                    num_gpus=0,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(slot.node_id, soft=False),
+                    **self._options,
                 ).remote(slot.info, *self._spec.args, **self._spec.kwargs)
                 created.append(current)
             self._ping(created, timeout, "start")
@@ -139,8 +168,10 @@ class WorkerGroup(Generic[W]):
             for rank in created:
                 ray.kill(self._handles[rank], no_restart=True)
             if isinstance(exc, ValueError):  # Ray: the actor name is taken
-                raise _NameTaken(f"a worker named {self._name(current)} is already running; "
-                                 "launch with another name=") from exc
+                raise _NameTaken(
+                    f"a worker named {self._name(current)} is already running; "
+                    "launch with another name="
+                ) from exc
             raise
 
     def _ping(self, ranks: Sequence[int], timeout: float | None, what: str) -> None:
@@ -158,7 +189,9 @@ class WorkerGroup(Generic[W]):
                 break
             except _NameTaken as exc:  # the dead actor's name is not released yet
                 if time.monotonic() > deadline:
-                    raise ClusterTimeout(f"restart of {self._name(rank)}: name still taken after {timeout}s") from exc
+                    raise ClusterTimeout(
+                        f"restart of {self._name(rank)}: name still taken after {timeout}s"
+                    ) from exc
                 time.sleep(0.2)
         log.info("group %s: rank %d restarted", self._address, rank)
 
@@ -178,7 +211,9 @@ class WorkerGroup(Generic[W]):
         """Kill every rank of the group and its mailbox; return once their names are free again."""
         from rollfleet.cluster.collective import mailbox_name
 
-        names = [slot.info.address.get_name() for slot in self._slots] + [f"channel:{mailbox_name(self.name)}"]
+        names = [slot.info.address.get_name() for slot in self._slots] + [
+            f"channel:{mailbox_name(self.name)}"
+        ]
         for name in names:
             try:
                 ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
@@ -187,7 +222,9 @@ class WorkerGroup(Generic[W]):
         deadline = time.monotonic() + timeout
         while any(_named(name) for name in names):
             if time.monotonic() > deadline:
-                raise ClusterTimeout(f"group {self.name}: actors still registered {timeout}s after kill")
+                raise ClusterTimeout(
+                    f"group {self.name}: actors still registered {timeout}s after kill"
+                )
             time.sleep(0.05)
         log.info("group %s shut down", self._address)
 
@@ -196,19 +233,26 @@ class WorkerGroup(Generic[W]):
         """A view of this group whose method calls run only on ``ranks``."""
         flat = [r for item in ranks for r in ([item] if isinstance(item, int) else item)]
         self._check_ranks(flat)
-        return WorkerGroup(self._spec, self._address, self._slots, self._options, self._handles, tuple(flat))
+        return WorkerGroup(
+            self._spec, self._address, self._slots, self._options, self._handles, tuple(flat)
+        )
 
     def _check_ranks(self, ranks: Sequence[int]) -> None:
         bad = [r for r in ranks if not 0 <= r < len(self._slots)]
         if bad or not ranks:
-            raise InvalidInput(f"group {self._address} has ranks 0..{len(self._slots) - 1}; got {list(ranks)}")
+            raise InvalidInput(
+                f"group {self._address} has ranks 0..{len(self._slots) - 1}; got {list(ranks)}"
+            )
 
     def call(self, method: str, *args: Any, scatter: bool = False, **kwargs: Any) -> Work:
         """Run ``method`` on every selected rank; ``scatter=True`` gives list arguments out per rank."""
         handles = self._handles
         if scatter:
             per_rank = _scatter(args, kwargs, len(self._selected), method)
-            refs = [getattr(handles[r], method).remote(*a, **kw) for r, (a, kw) in zip(self._selected, per_rank, strict=True)]
+            refs = [
+                getattr(handles[r], method).remote(*a, **kw)
+                for r, (a, kw) in zip(self._selected, per_rank, strict=True)
+            ]
         else:
             refs = [getattr(handles[r], method).remote(*args, **kwargs) for r in self._selected]
         return Work(refs, self._wheres, f"{self._label}.{method}")
@@ -262,11 +306,16 @@ class _GroupMethod:
         return self._group.call(self._name, *args, scatter=scatter, **kwargs)
 
 
-def _scatter(args: tuple[Any, ...], kwargs: dict[str, Any], n: int, method: str) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+def _scatter(
+    args: tuple[Any, ...], kwargs: dict[str, Any], n: int, method: str
+) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
     """Split every list argument into one entry per rank; other arguments go to every rank."""
+
     def check(label: str, value: Any) -> None:
         if isinstance(value, list) and len(value) != n:
-            raise InvalidInput(f"{method}(scatter=True): argument {label} has {len(value)} entries for {n} ranks")
+            raise InvalidInput(
+                f"{method}(scatter=True): argument {label} has {len(value)} entries for {n} ranks"
+            )
 
     for i, value in enumerate(args):
         check(f"#{i}", value)

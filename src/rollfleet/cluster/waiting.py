@@ -10,9 +10,15 @@ from typing import Any
 import ray
 from ray import exceptions as rayexc
 
+from rollfleet.cluster.rank import current_worker
 from rollfleet.errors import ClusterError, ClusterTimeout
 
-DEATH_ERRORS = (rayexc.RayActorError, rayexc.ActorUnavailableError, rayexc.OwnerDiedError, rayexc.ObjectLostError)
+DEATH_ERRORS = (
+    rayexc.RayActorError,
+    rayexc.ActorUnavailableError,
+    rayexc.OwnerDiedError,
+    rayexc.ObjectLostError,
+)
 
 
 def unwrap(exc: BaseException, where: str, what: str) -> BaseException:
@@ -34,13 +40,13 @@ def unwrap(exc: BaseException, where: str, what: str) -> BaseException:
 
 def caller_name() -> str:
     """The address of the worker this code runs in, or ``"driver"``."""
-    from rollfleet.cluster.worker import Worker
-
-    current = Worker.current()
+    current = current_worker()
     return current.worker_address.get_name() if current is not None else "driver"
 
 
-def get_all(refs: Sequence[ray.ObjectRef[Any]], wheres: Sequence[str], what: str, timeout: float | None) -> list[Any]:
+def get_all(
+    refs: Sequence[ray.ObjectRef[Any]], wheres: Sequence[str], what: str, timeout: float | None
+) -> list[Any]:
     """``ray.get`` every ref; raise the first (lowest-rank) failure once all have finished."""
     refs = list(refs)
     try:
@@ -54,14 +60,20 @@ def get_all(refs: Sequence[ray.ObjectRef[Any]], wheres: Sequence[str], what: str
     return _results_or_raise(refs, wheres, what)
 
 
-def _timeout(refs: list[ray.ObjectRef[Any]], wheres: Sequence[str], what: str, timeout: float | None) -> ClusterTimeout:
+def _timeout(
+    refs: list[ray.ObjectRef[Any]], wheres: Sequence[str], what: str, timeout: float | None
+) -> ClusterTimeout:
     """A ClusterTimeout naming the caller and the workers that have not answered."""
     pending = set(ray.wait(refs, num_returns=len(refs), timeout=0)[1])
     late = [w for ref, w in zip(refs, wheres, strict=True) if ref in pending] or list(wheres)
-    return ClusterTimeout(f"{what}: {', '.join(late)} did not answer {caller_name()} within {timeout}s")
+    return ClusterTimeout(
+        f"{what}: {', '.join(late)} did not answer {caller_name()} within {timeout}s"
+    )
 
 
-def _results_or_raise(refs: Sequence[ray.ObjectRef[Any]], wheres: Sequence[str], what: str) -> list[Any]:
+def _results_or_raise(
+    refs: Sequence[ray.ObjectRef[Any]], wheres: Sequence[str], what: str
+) -> list[Any]:
     """Wait for every ref, then raise the first error (others are attached as notes)."""
     results: list[Any] = []
     errors: list[BaseException] = []
@@ -74,18 +86,28 @@ def _results_or_raise(refs: Sequence[ray.ObjectRef[Any]], wheres: Sequence[str],
         return results
     first = errors[0]
     for other in errors[1:]:
-        first.add_note(f"also failed: {type(other).__name__}: {other} ({getattr(other, 'worker_address', '')})")
+        first.add_note(
+            f"also failed: {type(other).__name__}: {other} ({getattr(other, 'worker_address', '')})"
+        )
     raise first
 
 
-async def get_all_async(refs: Sequence[ray.ObjectRef[Any]], wheres: Sequence[str], what: str, timeout: float | None) -> list[Any]:
+async def get_all_async(
+    refs: Sequence[ray.ObjectRef[Any]], wheres: Sequence[str], what: str, timeout: float | None
+) -> list[Any]:
     """Awaitable twin of :func:`get_all`."""
     done = asyncio.gather(*refs, return_exceptions=True)
     try:
         outcomes = await asyncio.wait_for(done, timeout)
     except TimeoutError:
-        raise ClusterTimeout(f"{what}: {', '.join(wheres)} did not answer {caller_name()} within {timeout}s") from None
-    errors = [unwrap(o, w, what) for o, w in zip(outcomes, wheres, strict=True) if isinstance(o, BaseException)]
+        raise ClusterTimeout(
+            f"{what}: {', '.join(wheres)} did not answer {caller_name()} within {timeout}s"
+        ) from None
+    errors = [
+        unwrap(o, w, what)
+        for o, w in zip(outcomes, wheres, strict=True)
+        if isinstance(o, BaseException)
+    ]
     if errors:
         for other in errors[1:]:
             errors[0].add_note(f"also failed: {type(other).__name__}: {other}")

@@ -9,11 +9,11 @@ channels talk to other workers.
 
 from __future__ import annotations
 
-import functools
 import os
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rollfleet.cluster.address import WorkerAddress, WorkerInfo
+from rollfleet.cluster.rank import actor_class, current_worker, group_methods
 from rollfleet.errors import ClusterError
 
 if TYPE_CHECKING:
@@ -32,14 +32,15 @@ DEFAULT_P2P_TIMEOUT = 300.0
 class Worker:
     """Base class of a group's ranks (one Ray actor per rank)."""
 
-    _current: ClassVar[Worker | None] = None
+    _rf_base = True  # group_methods skips the methods of classes that set this themselves
     _rf_info: WorkerInfo | None = None
     _rf_init_error: Exception | None = None
 
     @classmethod
     def current(cls) -> Worker | None:
         """The worker running in this process, or None in a driver."""
-        return Worker._current
+        found = current_worker()
+        return found if isinstance(found, Worker) else None
 
     @classmethod
     def create_group(cls: type[W], *args: Any, **kwargs: Any) -> WorkerGroupSpec[W]:
@@ -72,40 +73,67 @@ class Worker:
 
     # -- point to point ---------------------------------------------------------------------
     def send(
-        self, obj: Any, dst_group: str, dst_rank: int, *, async_op: bool = False,
+        self,
+        obj: Any,
+        dst_group: str,
+        dst_rank: int,
+        *,
+        async_op: bool = False,
         timeout: float | None = DEFAULT_P2P_TIMEOUT,
     ) -> Work | None:
         """Send a Python object to rank ``dst_rank`` of ``dst_group`` (through the object store)."""
         from rollfleet.cluster import collective
 
-        return collective.send_object(self.worker_address, obj, _peer(dst_group, dst_rank), async_op, timeout)
+        return collective.send_object(
+            self.worker_address, obj, _peer(dst_group, dst_rank), async_op, timeout
+        )
 
     def recv(
-        self, src_group: str, src_rank: int, *, async_op: bool = False,
+        self,
+        src_group: str,
+        src_rank: int,
+        *,
+        async_op: bool = False,
         timeout: float | None = DEFAULT_P2P_TIMEOUT,
     ) -> Any:
         """Receive the next object rank ``src_rank`` of ``src_group`` sent to this rank."""
         from rollfleet.cluster import collective
 
-        return collective.recv_object(self.worker_address, _peer(src_group, src_rank), async_op, timeout)
+        return collective.recv_object(
+            self.worker_address, _peer(src_group, src_rank), async_op, timeout
+        )
 
     def send_tensor(
-        self, tensor: torch.Tensor, dst_group: str, dst_rank: int, *, async_op: bool = False,
+        self,
+        tensor: torch.Tensor,
+        dst_group: str,
+        dst_rank: int,
+        *,
+        async_op: bool = False,
         timeout: float = DEFAULT_P2P_TIMEOUT,
     ) -> TensorWork | None:
         """Send ``tensor`` over torch.distributed (gloo on CPU, NCCL on GPU); the peer needs a buffer."""
         from rollfleet.cluster import collective
 
-        return collective.send_tensor(self.worker_info, tensor, _peer(dst_group, dst_rank), async_op, timeout)
+        return collective.send_tensor(
+            self.worker_info, tensor, _peer(dst_group, dst_rank), async_op, timeout
+        )
 
     def recv_tensor(
-        self, tensor: torch.Tensor, src_group: str, src_rank: int, *, async_op: bool = False,
+        self,
+        tensor: torch.Tensor,
+        src_group: str,
+        src_rank: int,
+        *,
+        async_op: bool = False,
         timeout: float = DEFAULT_P2P_TIMEOUT,
     ) -> TensorWork | None:
         """Receive into the pre-allocated ``tensor`` from rank ``src_rank`` of ``src_group``."""
         from rollfleet.cluster import collective
 
-        return collective.recv_tensor(self.worker_info, tensor, _peer(src_group, src_rank), async_op, timeout)
+        return collective.recv_tensor(
+            self.worker_info, tensor, _peer(src_group, src_rank), async_op, timeout
+        )
 
     # -- channels ---------------------------------------------------------------------------
     def create_channel(self, name: str, maxsize: int = 0) -> Channel:
@@ -136,36 +164,4 @@ def _peer(group: str, rank: int) -> WorkerAddress:
     return WorkerAddress.parse(group).get_child_address(rank)
 
 
-def _install(worker: Worker, info: WorkerInfo) -> None:
-    """Make ``worker`` this process's current worker and export its torch.distributed env."""
-    os.environ.update(info.env())
-    worker._rf_info = info
-    Worker._current = worker
-
-
-@functools.cache
-def actor_class(user_cls: type[Worker]) -> Any:
-    """The Ray actor class for ``user_cls``: installs the rank's info before the user's __init__."""
-    import ray
-
-    def __init__(self: Worker, rf_info: WorkerInfo, *args: Any, **kwargs: Any) -> None:
-        _install(self, rf_info)
-        try:
-            user_cls.__init__(self, *args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - kept for _rf_ping, which the launcher awaits
-            self._rf_init_error = exc
-
-    rank_cls = type(user_cls.__name__, (user_cls,), {"__init__": __init__})
-    rank_cls.__qualname__ = f"{user_cls.__qualname__}[rank]"
-    return ray.remote(rank_cls)
-
-
-def group_methods(user_cls: type[Worker]) -> frozenset[str]:
-    """The public methods a group of ``user_cls`` exposes (the subclass's, not the base's)."""
-    names: set[str] = set()
-    for klass in user_cls.__mro__:
-        if klass is Worker or klass is object:
-            continue
-        names.update(n for n, v in vars(klass).items() if not n.startswith("_") and callable(v)
-                     and not isinstance(v, (classmethod, staticmethod, property)))
-    return frozenset(names)
+__all__ = ["DEFAULT_P2P_TIMEOUT", "Worker", "actor_class", "group_methods"]

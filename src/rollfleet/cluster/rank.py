@@ -1,0 +1,63 @@
+"""What a rank of a group is, below the ``Worker`` class: this process's current worker, the Ray
+actor class built for a worker class, and the methods a group exposes.
+
+It imports nothing of the cluster package's higher modules, so ``waiting`` (which names the caller
+in its errors) and ``group`` (which builds the actors) need not import ``worker``, which imports
+them: the package has no import cycle.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+from rollfleet.cluster.address import WorkerInfo
+
+_current: Any = None
+
+
+def current_worker() -> Any:
+    """The worker running in this process, or None in a driver."""
+    return _current
+
+
+def install(worker: Any, info: WorkerInfo) -> None:
+    """Make ``worker`` this process's current worker and export its torch.distributed env."""
+    global _current
+    os.environ.update(info.env())
+    worker._rf_info = info
+    _current = worker
+
+
+@functools.cache
+def actor_class(user_cls: type[Any]) -> Any:
+    """The Ray actor class for ``user_cls``: installs the rank's info before the user's __init__."""
+    import ray
+
+    def __init__(self: Any, rf_info: WorkerInfo, *args: Any, **kwargs: Any) -> None:
+        install(self, rf_info)
+        try:
+            user_cls.__init__(self, *args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - kept for _rf_ping, which the launcher awaits
+            self._rf_init_error = exc
+
+    rank_cls = type(user_cls.__name__, (user_cls,), {"__init__": __init__})
+    rank_cls.__qualname__ = f"{user_cls.__qualname__}[rank]"
+    return ray.remote(rank_cls)
+
+
+def group_methods(user_cls: type[Any]) -> frozenset[str]:
+    """The public methods a group of ``user_cls`` exposes (the subclass's, not the base's)."""
+    names: set[str] = set()
+    for klass in user_cls.__mro__:
+        if klass is object or vars(klass).get("_rf_base"):
+            continue
+        names.update(
+            n
+            for n, v in vars(klass).items()
+            if not n.startswith("_")
+            and callable(v)
+            and not isinstance(v, (classmethod, staticmethod, property))
+        )
+    return frozenset(names)
