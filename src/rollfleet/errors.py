@@ -104,7 +104,19 @@ class ChannelFull(ClusterError, asyncio.QueueFull):
 ERRORS_BY_NAME: dict[str, type[RollfleetError]] = {
     cls.__name__: cls
     for cls in (
-        RollfleetError, InvalidInput, NotFound, Conflict, Unauthorized, StoreUnavailable,
-        AgentError, PoolError, PoolTimeout, EngineError, ClusterError, ClusterTimeout, ChannelEmpty, ChannelFull,
+        RollfleetError,
+        InvalidInput,
+        NotFound,
+        Conflict,
+        Unauthorized,
+        StoreUnavailable,
+        AgentError,
+        PoolError,
+        PoolTimeout,
+        EngineError,
+        ClusterError,
+        ClusterTimeout,
+        ChannelEmpty,
+        ChannelFull,
     )
 }

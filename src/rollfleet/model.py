@@ -31,7 +31,8 @@ def now() -> float:
 
 
 def new_id(prefix: str) -> str:
-    """Return a fresh id such as ``ro-019ab2c4d5e6f1a2b3c4d5e6f7a8b9``: milliseconds, then 64 random bits.
+    """Return a fresh id such as ``ro-019ab2c4d5e6f1a2b3c4d5e6f7a8b9``: milliseconds, then 64 random
+    bits.
 
     Time first, so ids sort by creation and a new row's key lands beside the last one's in every
     index: random ids scattered each insert over its own B-tree page, and each commit rewrote
@@ -81,20 +82,32 @@ class WorkerStatus(str, enum.Enum):
     OFFLINE = "offline"
 
 
-TERMINAL_ROLLOUT = frozenset({RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.CANCELLED})
+TERMINAL_ROLLOUT = frozenset(
+    {RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.CANCELLED}
+)
 ACTIVE_ROLLOUT = frozenset({RolloutStatus.PREPARING, RolloutStatus.RUNNING})
 ACTIVE_ATTEMPT = frozenset({AttemptStatus.PREPARING, AttemptStatus.RUNNING})
 
 # The one transition table. Everything else is illegal and raises Conflict (HTTP 409).
 ROLLOUT_TRANSITIONS: dict[RolloutStatus, frozenset[RolloutStatus]] = {
     RolloutStatus.QUEUING: frozenset({RolloutStatus.PREPARING, RolloutStatus.CANCELLED}),
-    RolloutStatus.PREPARING: frozenset({
-        RolloutStatus.RUNNING, RolloutStatus.QUEUING, RolloutStatus.SUCCEEDED,
-        RolloutStatus.FAILED, RolloutStatus.CANCELLED,
-    }),
-    RolloutStatus.RUNNING: frozenset({
-        RolloutStatus.QUEUING, RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.CANCELLED,
-    }),
+    RolloutStatus.PREPARING: frozenset(
+        {
+            RolloutStatus.RUNNING,
+            RolloutStatus.QUEUING,
+            RolloutStatus.SUCCEEDED,
+            RolloutStatus.FAILED,
+            RolloutStatus.CANCELLED,
+        }
+    ),
+    RolloutStatus.RUNNING: frozenset(
+        {
+            RolloutStatus.QUEUING,
+            RolloutStatus.SUCCEEDED,
+            RolloutStatus.FAILED,
+            RolloutStatus.CANCELLED,
+        }
+    ),
     RolloutStatus.SUCCEEDED: frozenset(),
     RolloutStatus.FAILED: frozenset(),
     RolloutStatus.CANCELLED: frozenset(),
@@ -133,7 +146,9 @@ class RetryDecision(str, enum.Enum):
     FINISH = "finish"
 
 
-def retry_decision(outcome: AttemptStatus, attempts_charged: int, max_attempts: int) -> RetryDecision:
+def retry_decision(
+    outcome: AttemptStatus, attempts_charged: int, max_attempts: int
+) -> RetryDecision:
     """Decide, purely, whether a rollout is retried after an attempt ended with ``outcome``."""
     if outcome in (AttemptStatus.SUCCEEDED, AttemptStatus.CANCELLED):
         return RetryDecision.FINISH
@@ -150,8 +165,12 @@ class RolloutConfig(Record):
     """Per-rollout execution limits."""
 
     timeout_s: float | None = Field(default=None, gt=0, description="wall time of one attempt")
-    heartbeat_s: float = Field(default=30.0, gt=0, description="lease: lost if no heartbeat for this long")
-    max_attempts: int = Field(default=3, ge=1, description="attempts charged before the rollout fails")
+    heartbeat_s: float = Field(
+        default=30.0, gt=0, description="lease: lost if no heartbeat for this long"
+    )
+    max_attempts: int = Field(
+        default=3, ge=1, description="attempts charged before the rollout fails"
+    )
 
 
 class RolloutResult(Record):
@@ -283,9 +302,11 @@ class Completion(Record):
 
 
 class CompletionOutcome(Record):
-    """What ``complete_many`` did with one completion: the rollout's new status, or the error that refused it.
+    """What ``complete_many`` did with one completion: the rollout's new status, or the error that
+    refused it.
 
-    Deliberately not the whole rollout: echoing every input back would cost more than the completion.
+    Deliberately not the whole rollout: echoing every input back would cost more than the
+    completion.
     """
 
     attempt_id: str
@@ -326,4 +347,3 @@ class Page(BaseModel, Generic[T]):
 
     items: list[T]
     next_cursor: str | None = None
-

@@ -1,4 +1,5 @@
-"""Reading task files (.jsonl, or .json holding a list): every line checked before anything is queued.
+"""Reading task files (.jsonl, or .json holding a list): every line checked before anything is
+queued.
 
 A line with an ``input`` key is a full rollout spec (``input``, ``mode``, ``rollout_id``,
 ``priority``, ``config``, ``metadata``…); any other object is itself the task input.
@@ -38,7 +39,9 @@ def read_records(path: Path) -> Iterator[tuple[int, Any]]:
         try:
             yield lineno, json.loads(line)
         except json.JSONDecodeError as exc:
-            raise InvalidInput(f"{path}:{lineno}: not valid JSON: {exc.msg} (column {exc.colno})") from None
+            raise InvalidInput(
+                f"{path}:{lineno}: not valid JSON: {exc.msg} (column {exc.colno})"
+            ) from None
 
 
 def _field_error(exc: ValidationError) -> str:
@@ -54,7 +57,9 @@ def read_specs(path: str | Path, mode: str | None = None, **defaults: Any) -> li
     seen: dict[str, int] = {}
     for lineno, record in read_records(path):
         if not isinstance(record, dict):
-            raise InvalidInput(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
+            raise InvalidInput(
+                f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}"
+            )
         fields = dict(record) if "input" in record else {"input": record}
         if mode is not None:
             fields.setdefault("mode", mode)
@@ -66,8 +71,10 @@ def read_specs(path: str | Path, mode: str | None = None, **defaults: Any) -> li
             raise InvalidInput(f"{path}:{lineno}: {_field_error(exc)}") from None
         if spec.rollout_id is not None:
             if spec.rollout_id in seen:
-                raise InvalidInput(f"{path}:{lineno}: field 'rollout_id': {spec.rollout_id!r} "
-                                   f"already used on line {seen[spec.rollout_id]}")
+                raise InvalidInput(
+                    f"{path}:{lineno}: field 'rollout_id': {spec.rollout_id!r} "
+                    f"already used on line {seen[spec.rollout_id]}"
+                )
             seen[spec.rollout_id] = lineno
         specs.append(spec)
     if not specs:

@@ -70,8 +70,11 @@ def rollout_seed(rollout_id: str) -> int:
     return int(hashlib.sha256(rollout_id.encode()).hexdigest()[:8], 16)
 
 
-def fit_history(messages: list[dict[str, Any]], budget: int = HISTORY_BUDGET_CHARS) -> list[dict[str, Any]]:
-    """Keep the system and task messages and as many recent turns as fit in ``budget`` characters."""
+def fit_history(
+    messages: list[dict[str, Any]], budget: int = HISTORY_BUDGET_CHARS
+) -> list[dict[str, Any]]:
+    """Keep the system and task messages and as many recent turns as fit in ``budget``
+    characters."""
     head, tail = messages[:2], messages[2:]
     size = sum(len(str(m.get("content") or "")) for m in head)
     kept: list[dict[str, Any]] = []
@@ -101,14 +104,19 @@ class Turn:
             except EngineError as exc:
                 errors.append(str(exc))
                 if attempt == self.settings.max_retries:
-                    raise AgentError(f"turn {turn}: the engine failed {attempt + 1} times: {errors[-1]}") from exc
+                    raise AgentError(
+                        f"turn {turn}: the engine failed {attempt + 1} times: {errors[-1]}"
+                    ) from exc
                 self.usage.retries += 1
-                await asyncio.sleep(min(4.0, 0.25 * 2 ** attempt))
+                await asyncio.sleep(min(4.0, 0.25 * 2**attempt))
                 continue
             text = message.content or ""
             try:
-                calls = (parse_native(message.tool_calls, self.session.tools) if message.tool_calls
-                         else [c for c in [parse_text(text, self.session.tools)] if c is not None])
+                calls = (
+                    parse_native(message.tool_calls, self.session.tools)
+                    if message.tool_calls
+                    else [c for c in [parse_text(text, self.session.tools)] if c is not None]
+                )
                 return text, calls
             except Unparseable as exc:
                 errors.append(str(exc))
@@ -126,9 +134,13 @@ class Turn:
         started = time.perf_counter()
         try:
             response = await self.ctx.llm.chat.completions.create(
-                model=self.settings.model or "default", messages=fit_history(messages),
-                max_tokens=self.settings.max_tokens, temperature=self.settings.temperature,
-                seed=rollout_seed(self.ctx.rollout_id) + 1000 * turn + attempt, **kwargs)
+                model=self.settings.model or "default",
+                messages=fit_history(messages),
+                max_tokens=self.settings.max_tokens,
+                temperature=self.settings.temperature,
+                seed=rollout_seed(self.ctx.rollout_id) + 1000 * turn + attempt,
+                **kwargs,
+            )
         except openai.OpenAIError as exc:
             raise EngineError(f"{type(exc).__name__}: {exc}") from exc
         self.usage.llm_s += time.perf_counter() - started
@@ -142,8 +154,14 @@ def _assistant(text: str, calls: list[ToolCall]) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": text}
     native = [c for c in calls if c.call_id]
     if native:
-        message["tool_calls"] = [{"id": c.call_id, "type": "function",
-                                  "function": {"name": c.name, "arguments": json.dumps(c.args)}} for c in native]
+        message["tool_calls"] = [
+            {
+                "id": c.call_id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": json.dumps(c.args)},
+            }
+            for c in native
+        ]
     return message
 
 
@@ -161,11 +179,19 @@ async def agent(input: Any, ctx: Any) -> RolloutResult:
     settings = LoopSettings.of(ctx.metadata)
     session = await mode.open(input, ctx.env)
     if ctx.env is not None:
-        ctx.emit("env", {"pool": getattr(ctx.env, "pool", None), "instance_id": getattr(ctx.env, "instance_id", None),
-                         "endpoint": getattr(ctx.env, "endpoint", None)})
+        ctx.emit(
+            "env",
+            {
+                "pool": getattr(ctx.env, "pool", None),
+                "instance_id": getattr(ctx.env, "instance_id", None),
+                "endpoint": getattr(ctx.env, "endpoint", None),
+            },
+        )
     system = mode.system_prompt(input) + (tool_instructions(session.tools) if session.tools else "")
-    messages: list[dict[str, Any]] = [{"role": "system", "content": system},
-                                      {"role": "user", "content": mode.user_prompt(input)}]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": mode.user_prompt(input)},
+    ]
     usage, answer = Usage(), ""
     turn_runner = Turn(ctx, session, settings, usage)
     for turn in range(settings.max_turns):
@@ -181,16 +207,35 @@ async def agent(input: Any, ctx: Any) -> RolloutResult:
             usage.calls.append(call.name)
             observations.append({"tool": call.name, "args": call.args, "observation": observation})
             messages.append(_observation(call, observation))
-        ctx.emit("turn", {"turn": turn, "content": text, "tool_calls": observations,
-                          "seconds": time.perf_counter() - started, "retries": usage.retries})
+        ctx.emit(
+            "turn",
+            {
+                "turn": turn,
+                "content": text,
+                "tool_calls": observations,
+                "seconds": time.perf_counter() - started,
+                "retries": usage.retries,
+            },
+        )
         if not calls:
             answer = final_answer(text)
             break
     score = await session.score(answer)
-    ctx.emit("reward", {"reward": score.reward, "correct": score.correct, "answer": answer, **score.details})
-    metrics = {"turns": float(usage.turns), "prompt_tokens": float(usage.prompt_tokens),
-               "completion_tokens": float(usage.completion_tokens), "llm_s": usage.llm_s,
-               "retries": float(usage.retries), "tool_calls": float(len(usage.calls)),
-               "correct": float(score.correct)}
-    return RolloutResult(reward=score.reward, metrics=metrics,
-                         output={"answer": answer, "messages": messages, "score": score.details})
+    ctx.emit(
+        "reward",
+        {"reward": score.reward, "correct": score.correct, "answer": answer, **score.details},
+    )
+    metrics = {
+        "turns": float(usage.turns),
+        "prompt_tokens": float(usage.prompt_tokens),
+        "completion_tokens": float(usage.completion_tokens),
+        "llm_s": usage.llm_s,
+        "retries": float(usage.retries),
+        "tool_calls": float(len(usage.calls)),
+        "correct": float(score.correct),
+    }
+    return RolloutResult(
+        reward=score.reward,
+        metrics=metrics,
+        output={"answer": answer, "messages": messages, "score": score.details},
+    )

@@ -1,4 +1,5 @@
-"""Reading a model's reply: native OpenAI tool calls, or the plain-text fallback small models manage.
+"""Reading a model's reply: native OpenAI tool calls, or the plain-text fallback small models
+manage.
 
 Plain text: a line ``CALL <tool> {json arguments}`` (or ``<tool_call>{"name": …, "arguments": …}
 </tool_call>``, the format several small instruct models were tuned on) calls a tool;
@@ -37,9 +38,11 @@ def tool_instructions(tools: Sequence[Tool]) -> str:
     """The plain-text protocol, appended to the system prompt when the mode has tools."""
     lines = "\n".join(f"- {t.signature()}" for t in tools)
     example_args = ", ".join(f'"{k}": "..."' for k in tools[0].parameters)
-    return (f"\n\nTools:\n{lines}\nTo use a tool, reply with one line: CALL <tool> <JSON arguments>, "
-            f"for example: CALL {tools[0].name} {{{example_args}}}\n"
-            "When you know the answer, reply: ANSWER: <answer>")
+    return (
+        f"\n\nTools:\n{lines}\nTo use a tool, reply with one line: CALL <tool> <JSON arguments>, "
+        f"for example: CALL {tools[0].name} {{{example_args}}}\n"
+        "When you know the answer, reply: ANSWER: <answer>"
+    )
 
 
 def _arguments(raw: Any, name: str) -> dict[str, Any]:
@@ -83,9 +86,13 @@ def parse_text(text: str, tools: Sequence[Tool]) -> ToolCall | None:
             raise Unparseable(f"<tool_call> body is not JSON: {match.group(1)!r:.200}") from exc
         if not isinstance(body, dict) or not isinstance(body.get("name"), str):
             raise Unparseable("<tool_call> body needs a string 'name'")
-        return _known(ToolCall(body["name"], _arguments(body.get("arguments"), body["name"])), tools)
+        return _known(
+            ToolCall(body["name"], _arguments(body.get("arguments"), body["name"])), tools
+        )
     if match := _CALL.search(text):
-        return _known(ToolCall(match.group(1), _arguments(match.group(2).strip(), match.group(1))), tools)
+        return _known(
+            ToolCall(match.group(1), _arguments(match.group(2).strip(), match.group(1))), tools
+        )
     return None
 
 

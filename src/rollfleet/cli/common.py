@@ -16,8 +16,12 @@ from rollfleet.store.base import Store
 T = TypeVar("T")
 console = Console()
 
-StoreOpt = typer.Option(None, "--store", help="store URL: http(s)://server, sqlite:///file.db or postgresql://… "
-                                             "(default: ROLLFLEET_STORE, else the embedded store)")
+StoreOpt = typer.Option(
+    None,
+    "--store",
+    help="store URL: http(s)://server, sqlite:///file.db or postgresql://… "
+    "(default: ROLLFLEET_STORE, else the embedded store)",
+)
 TokenOpt = typer.Option(None, "--token", help="bearer token (default: ROLLFLEET_TOKEN)")
 
 

@@ -1,4 +1,5 @@
-"""``rollfleet demo``: the seed's flow end to end: a store, 4 workers sharing the queue, a summary."""
+"""``rollfleet demo``: the seed's flow end to end: a store, 4 workers sharing the queue, a
+summary."""
 
 from __future__ import annotations
 
@@ -22,9 +23,12 @@ from rollfleet.taskfile import read_specs
 
 def demo(
     n: int = typer.Option(4, "-n", help="number of workers"),
-    home: Path = typer.Option(Path(".rollfleet/demo"), "--home", help="where the demo's store file goes"),
+    home: Path = typer.Option(
+        Path(".rollfleet/demo"), "--home", help="where the demo's store file goes"
+    ),
 ) -> None:
-    """Start an embedded store, queue the bundled tasks, run them with the echo agent on N workers."""
+    """Start an embedded store, queue the bundled tasks, run them with the echo agent on N
+    workers."""
     home.mkdir(parents=True, exist_ok=True)
     for suffix in ("", "-wal", "-shm"):
         Path(f"{home}/demo.db{suffix}").unlink(missing_ok=True)

@@ -26,7 +26,9 @@ class FleetView:
         now = time.monotonic()
         if now - self._window_start >= 1.0:
             if self._suppressed:
-                self.console.print(f"[dim]… {self._suppressed} more rollout lines in the last second[/]")
+                self.console.print(
+                    f"[dim]… {self._suppressed} more rollout lines in the last second[/]"
+                )
             self._window_start, self._lines, self._suppressed = now, 0, 0
         if self._lines >= MAX_LINES_PER_S:
             self._suppressed += 1
@@ -42,19 +44,27 @@ class FleetView:
         elif kind == "worker_stopped":
             self.console.print(f"■ {worker} stopped")
         elif kind == "worker_crashed":
-            self.console.print(f"[red]✗ {worker} exited with code {event.get('exit_code')}; "
-                               f"restarting in {event.get('restart_in_s', 0):.1f}s[/]")
+            self.console.print(
+                f"[red]✗ {worker} exited with code {event.get('exit_code')}; "
+                f"restarting in {event.get('restart_in_s', 0):.1f}s[/]"
+            )
         elif kind == "agent_error":
             self.console.print(f"[red]✗ agent cannot start: {event.get('error')}[/]")
         elif kind == "rollout_started" and self._budget():
-            self.console.print(Text(f"✅ {worker} processing rollout: {event.get('rollout_id')} | "
-                                    f"Input: {str(event.get('input'))[:80]}"))
+            self.console.print(
+                Text(
+                    f"✅ {worker} processing rollout: {event.get('rollout_id')} | "
+                    f"Input: {str(event.get('input'))[:80]}"
+                )
+            )
         elif kind == "rollout_finished" and self._budget():
             status = event.get("status", "?")
             colour = "green" if status == "succeeded" else "red"
             reward = event.get("reward")
             tail = f" reward={reward:.3f}" if isinstance(reward, (int, float)) else ""
-            self.console.print(f"[{colour}]  {worker} finished {event.get('rollout_id')}: {status}{tail}[/]")
+            self.console.print(
+                f"[{colour}]  {worker} finished {event.get('rollout_id')}: {status}{tail}[/]"
+            )
 
 
 def summary_line(stats: Statistics, started: float) -> str:

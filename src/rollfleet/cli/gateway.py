@@ -15,8 +15,15 @@ from rollfleet.errors import RollfleetError
 console = Console(stderr=True)
 
 
-async def _serve(engine: EngineKind, replicas: int, model: str | None, url: str | None,
-                 host: str, port: int, token: str | None) -> None:
+async def _serve(
+    engine: EngineKind,
+    replicas: int,
+    model: str | None,
+    url: str | None,
+    host: str,
+    port: int,
+    token: str | None,
+) -> None:
     with console.status(f"starting {replicas} {engine.value} replica(s)…"):
         gateway = await build_gateway(engine, replicas=replicas, model=model, url=url)
     names = ", ".join(f"{r['replica_id']} ({r['model']})" for r in gateway.replicas())
@@ -34,9 +41,12 @@ def register(app: typer.Typer) -> None:
         replicas: int = typer.Option(1, "--replicas", min=1, help="engine replicas to route to"),
         host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
         port: int = typer.Option(8100, "--port", help="port to listen on"),
-        model: str = typer.Option(None, "--model", help="model path/name (default: bundled SmolLM2)"),
-        token: str = typer.Option(None, "--token", envvar="ROLLFLEET_TOKEN",
-                                  help="require this bearer token"),
+        model: str = typer.Option(
+            None, "--model", help="model path/name (default: bundled SmolLM2)"
+        ),
+        token: str = typer.Option(
+            None, "--token", envvar="ROLLFLEET_TOKEN", help="require this bearer token"
+        ),
     ) -> None:
         """Serve an OpenAI-compatible LLM gateway in front of engine replicas."""
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

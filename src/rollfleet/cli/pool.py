@@ -23,15 +23,32 @@ console = Console()
 def pool_stats_table(stats: list[PoolStats]) -> Table:
     """A rich table of pools: states, waiting, wait percentiles, utilisation, health."""
     table = Table(title="pools")
-    for column in ("pool", "provider", "size", "healthy", "states", "waiting", "wait p50/p99 (s)",
-                   "utilisation", "replaced"):
+    for column in (
+        "pool",
+        "provider",
+        "size",
+        "healthy",
+        "states",
+        "waiting",
+        "wait p50/p99 (s)",
+        "utilisation",
+        "replaced",
+    ):
         table.add_column(column)
     for s in stats:
         states = " ".join(f"{k.lower()}={v}" for k, v in s.states.items() if v)
         healthy = f"[red]{s.healthy} (degraded)[/red]" if s.degraded else str(s.healthy)
-        table.add_row(s.name, s.provider, str(s.size), healthy, states, str(s.waiting),
-                      f"{s.wait_p50_s:.3f}/{s.wait_p99_s:.3f}", f"{s.utilisation:.0%}",
-                      str(s.replacements))
+        table.add_row(
+            s.name,
+            s.provider,
+            str(s.size),
+            healthy,
+            states,
+            str(s.waiting),
+            f"{s.wait_p50_s:.3f}/{s.wait_p99_s:.3f}",
+            f"{s.utilisation:.0%}",
+            str(s.replacements),
+        )
     return table
 
 
@@ -39,8 +56,9 @@ def serve(
     config: Annotated[Path, typer.Option("--config", help="pools config file (TOML or JSON)")],
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port to listen on")] = 8787,
-    token: Annotated[str | None, typer.Option(envvar="ROLLFLEET_TOKEN",
-                                              help="require this bearer token")] = None,
+    token: Annotated[
+        str | None, typer.Option(envvar="ROLLFLEET_TOKEN", help="require this bearer token")
+    ] = None,
 ) -> None:
     """Serve the pools declared in CONFIG under /pools (leases, renewals, stats)."""
     import uvicorn
@@ -57,12 +75,19 @@ def serve(
     console.print(f"serving pools {', '.join(registry.names)} on http://{host}:{port}/pools")
     from rollfleet.web.serving import nodelay_http_protocol
 
-    uvicorn.run(pool_app(registry, token=token), host=host, port=port, log_level="warning",
-                http=nodelay_http_protocol())
+    uvicorn.run(
+        pool_app(registry, token=token),
+        host=host,
+        port=port,
+        log_level="warning",
+        http=nodelay_http_protocol(),
+    )
 
 
 def status(
-    url: Annotated[str, typer.Option(help="the pools root of a server")] = "http://127.0.0.1:8787/pools",
+    url: Annotated[
+        str, typer.Option(help="the pools root of a server")
+    ] = "http://127.0.0.1:8787/pools",
     token: Annotated[str | None, typer.Option(envvar="ROLLFLEET_TOKEN")] = None,
 ) -> None:
     """Show every pool's instances, waiting acquires and utilisation."""
@@ -78,8 +103,9 @@ def status(
 
 def register(app: typer.Typer) -> None:
     """Add the ``pool`` command group to the rollfleet CLI."""
-    group = typer.Typer(help="Resource pools: M expensive environments shared by N rollouts.",
-                        no_args_is_help=True)
+    group = typer.Typer(
+        help="Resource pools: M expensive environments shared by N rollouts.", no_args_is_help=True
+    )
     group.command("serve")(serve)
     group.command("status")(status)
     app.add_typer(group, name="pool")

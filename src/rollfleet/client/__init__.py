@@ -22,7 +22,8 @@ def default_store_url() -> str:
 
 
 def connect(url: str | None = None, *, token: str | None = None) -> Store:
-    """Open a Store: ``http(s)://`` → the server, ``sqlite:///`` or ``postgresql://`` → in-process."""
+    """Open a Store: ``http(s)://`` → the server, ``sqlite:///`` or ``postgresql://`` →
+    in-process."""
     url = url or default_store_url()
     if url.startswith(("http://", "https://")):
         return HttpStore(url, token=token or os.environ.get("ROLLFLEET_TOKEN"))
@@ -34,7 +35,9 @@ class SyncStore:
 
     def __init__(self, factory: Callable[[], Store]) -> None:
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="rollfleet-sync", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="rollfleet-sync", daemon=True
+        )
         self._thread.start()
         self._store: Store = self._run(self._make(factory))
 

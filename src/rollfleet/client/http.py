@@ -76,15 +76,27 @@ class HttpStore:
         self._timeout = timeout
         self._client = Client(self.url, headers)
 
-    async def _call(self, method: str, path: str, body: Any = None, *, params: Any = None,
-                    retry: bool = False, timeout: float | None = None) -> bytes:
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        params: Any = None,
+        retry: bool = False,
+        timeout: float | None = None,
+    ) -> bytes:
         content = None if body is None else _body(body)
         last: Exception | None = None
         for attempt in range(RETRIES if retry else 1):
             try:
-                status, data = await self._client.request(method, path, content, params=_query(params),
-                                                          timeout=timeout or self._timeout)
-            except (OSError, TimeoutError) as exc:  # refused, reset, closed early, not HTTP, or too slow
+                status, data = await self._client.request(
+                    method, path, content, params=_query(params), timeout=timeout or self._timeout
+                )
+            except (
+                OSError,
+                TimeoutError,
+            ) as exc:  # refused, reset, closed early, not HTTP, or too slow
                 last = exc
                 if retry and attempt < RETRIES - 1:
                     await asyncio.sleep(min(2.0, 0.05 * 2**attempt))
@@ -95,7 +107,9 @@ class HttpStore:
                     continue
                 raise error_from_answer(status, data)
             return data
-        raise StoreUnavailable(f"cannot reach the rollfleet server at {self.url}: {last!r}") from last
+        raise StoreUnavailable(
+            f"cannot reach the rollfleet server at {self.url}: {last!r}"
+        ) from last
 
     # --- writes ---------------------------------------------------------------------------------
 
@@ -105,20 +119,31 @@ class HttpStore:
 
     async def enqueue_many(self, specs: Sequence[RolloutSpec]) -> list[Rollout]:
         """Queue many rollouts in one transaction: all or nothing."""
-        items = [sp if sp.rollout_id else sp.model_copy(update={"rollout_id": new_id("ro")}) for sp in specs]
+        items = [
+            sp if sp.rollout_id else sp.model_copy(update={"rollout_id": new_id("ro")})
+            for sp in specs
+        ]
         if not items:
             return []
         body = {"items": [i.model_dump(mode="json") for i in items]}
         return _decode(list[Rollout], await self._call("POST", "/rollouts/batch", body, retry=True))
 
-    async def start_rollout(self, input: Any, mode: str | None = None, worker_id: str | None = None,
-                            **fields: Any) -> Rollout:
+    async def start_rollout(
+        self, input: Any, mode: str | None = None, worker_id: str | None = None, **fields: Any
+    ) -> Rollout:
         """Create a rollout already PREPARING and leased to the caller."""
         spec = RolloutSpec(input=input, mode=mode, **fields).model_dump(mode="json")
-        return _decode(Rollout, await self._call("POST", "/rollouts/start", {**spec, "worker_id": worker_id}))
+        return _decode(
+            Rollout, await self._call("POST", "/rollouts/start", {**spec, "worker_id": worker_id})
+        )
 
-    async def claim(self, worker_id: str, wait_s: float = 0.0, max_n: int = 1,
-                    abandoned: Callable[[], Awaitable[bool]] | None = None) -> list[Rollout]:
+    async def claim(
+        self,
+        worker_id: str,
+        wait_s: float = 0.0,
+        max_n: int = 1,
+        abandoned: Callable[[], Awaitable[bool]] | None = None,
+    ) -> list[Rollout]:
         """Lease up to ``max_n`` queued rollouts; waits up to ``wait_s`` for one to arrive.
 
         Cancelling this call closes its connection; the server then leases nothing to it
@@ -126,8 +151,13 @@ class HttpStore:
         """
         return _decode(list[Rollout], await self._claim(worker_id, wait_s, max_n))
 
-    async def claim_documents(self, worker_id: str, wait_s: float = 0.0, max_n: int = 1,
-                              abandoned: Callable[[], Awaitable[bool]] | None = None) -> list[dict[str, Any]]:
+    async def claim_documents(
+        self,
+        worker_id: str,
+        wait_s: float = 0.0,
+        max_n: int = 1,
+        abandoned: Callable[[], Awaitable[bool]] | None = None,
+    ) -> list[dict[str, Any]]:
         """``claim``, answered as plain JSON values."""
         return list(orjson.loads(await self._claim(worker_id, wait_s, max_n)))
 
@@ -137,47 +167,83 @@ class HttpStore:
 
     async def heartbeat(self, attempt_id: str) -> HeartbeatReply:
         """Extend an attempt's lease; the reply says whether to keep going."""
-        return _decode(HeartbeatReply, await self._call("POST", f"/attempts/{attempt_id}/heartbeat", retry=True))
+        return _decode(
+            HeartbeatReply,
+            await self._call("POST", f"/attempts/{attempt_id}/heartbeat", retry=True),
+        )
 
-    async def heartbeat_many(self, attempt_ids: Sequence[str], worker_id: str | None = None) -> list[HeartbeatReply]:
+    async def heartbeat_many(
+        self, attempt_ids: Sequence[str], worker_id: str | None = None
+    ) -> list[HeartbeatReply]:
         """Extend several leases and the worker's own heartbeat in one call."""
         path = f"/workers/{worker_id or '-'}/heartbeat"
-        return _decode(list[HeartbeatReply],
-                       await self._call("POST", path, {"attempt_ids": list(attempt_ids)}, retry=True))
+        return _decode(
+            list[HeartbeatReply],
+            await self._call("POST", path, {"attempt_ids": list(attempt_ids)}, retry=True),
+        )
 
     async def add_steps(self, attempt_id: str, steps: Sequence[StepIn]) -> int:
         """Append trajectory steps; refused unless the attempt still owns the rollout."""
         body = {"steps": [st.model_dump(mode="json") for st in steps]}
-        return int(orjson.loads(await self._call("POST", f"/attempts/{attempt_id}/steps", body))["added"])
+        return int(
+            orjson.loads(await self._call("POST", f"/attempts/{attempt_id}/steps", body))["added"]
+        )
 
-    async def complete(self, attempt_id: str, status: AttemptStatus, result: RolloutResult | None = None,
-                       error: str | None = None) -> Rollout:
+    async def complete(
+        self,
+        attempt_id: str,
+        status: AttemptStatus,
+        result: RolloutResult | None = None,
+        error: str | None = None,
+    ) -> Rollout:
         """End an attempt with its outcome; fenced by attempt id, safe to retry."""
-        body = {"status": AttemptStatus(status).value, "result": None if result is None else result.model_dump(mode="json"),
-                "error": error}
-        return _decode(Rollout, await self._call("POST", f"/attempts/{attempt_id}/complete", body, retry=True))
+        body = {
+            "status": AttemptStatus(status).value,
+            "result": None if result is None else result.model_dump(mode="json"),
+            "error": error,
+        }
+        return _decode(
+            Rollout, await self._call("POST", f"/attempts/{attempt_id}/complete", body, retry=True)
+        )
 
     async def complete_many(self, items: Sequence[Completion]) -> list[CompletionOutcome]:
-        """End many attempts in one request; each is fenced and answered on its own (safe to retry)."""
+        """End many attempts in one request; each is fenced and answered on its own (safe to
+        retry)."""
         if not items:
             return []
         body = {"items": [i.model_dump(mode="json") for i in items]}
-        return _decode(list[CompletionOutcome], await self._call("POST", "/attempts/complete", body, retry=True))
+        return _decode(
+            list[CompletionOutcome],
+            await self._call("POST", "/attempts/complete", body, retry=True),
+        )
 
     async def release(self, attempt_id: str, reason: str = "released") -> Rollout:
         """Give a rollout back to the queue without charging its retry budget."""
-        return _decode(Rollout, await self._call("POST", f"/attempts/{attempt_id}/release", {"reason": reason}))
+        return _decode(
+            Rollout, await self._call("POST", f"/attempts/{attempt_id}/release", {"reason": reason})
+        )
 
     async def cancel(self, rollout_id: str) -> Rollout:
         """Cancel a rollout that has not finished (idempotent)."""
-        return _decode(Rollout, await self._call("POST", f"/rollouts/{rollout_id}/cancel", retry=True))
+        return _decode(
+            Rollout, await self._call("POST", f"/rollouts/{rollout_id}/cancel", retry=True)
+        )
 
-    async def requeue(self, statuses: Sequence[RolloutStatus] = (RolloutStatus.PREPARING,),
-                      rollout_ids: Sequence[str] | None = None, older_than_s: float = 0.0) -> list[str]:
+    async def requeue(
+        self,
+        statuses: Sequence[RolloutStatus] = (RolloutStatus.PREPARING,),
+        rollout_ids: Sequence[str] | None = None,
+        older_than_s: float = 0.0,
+    ) -> list[str]:
         """Operator reset: put stuck PREPARING/RUNNING rollouts back in the queue."""
-        body = {"statuses": [RolloutStatus(x).value for x in statuses],
-                "rollout_ids": None if rollout_ids is None else list(rollout_ids), "older_than_s": older_than_s}
-        return list(orjson.loads(await self._call("POST", "/rollouts/requeue", body))["rollout_ids"])
+        body = {
+            "statuses": [RolloutStatus(x).value for x in statuses],
+            "rollout_ids": None if rollout_ids is None else list(rollout_ids),
+            "older_than_s": older_than_s,
+        }
+        return list(
+            orjson.loads(await self._call("POST", "/rollouts/requeue", body))["rollout_ids"]
+        )
 
     async def reap(self) -> ReapReport:
         """Ask the server to expire lapsed leases now."""
@@ -189,29 +255,62 @@ class HttpStore:
         """Return one rollout or raise NotFound."""
         return _decode(Rollout, await self._call("GET", f"/rollouts/{rollout_id}", retry=True))
 
-    async def query_rollouts(self, *, status: Any = None, mode: str | None = None, batch_id: str | None = None,
-                             group_id: str | None = None, worker_id: str | None = None, search: str | None = None,
-                             cursor: str | None = None, limit: int = 100, order: str = "asc") -> Page[Rollout]:
+    async def query_rollouts(
+        self,
+        *,
+        status: Any = None,
+        mode: str | None = None,
+        batch_id: str | None = None,
+        group_id: str | None = None,
+        worker_id: str | None = None,
+        search: str | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+        order: str = "asc",
+    ) -> Page[Rollout]:
         """Return a page of rollouts matching the filters."""
         if isinstance(status, (str, RolloutStatus)):
             status = [status]
-        params = {"status": None if status is None else [RolloutStatus(x).value for x in status], "mode": mode,
-                  "batch_id": batch_id, "group_id": group_id, "worker_id": worker_id, "search": search,
-                  "cursor": cursor, "limit": limit, "order": order}
+        params = {
+            "status": None if status is None else [RolloutStatus(x).value for x in status],
+            "mode": mode,
+            "batch_id": batch_id,
+            "group_id": group_id,
+            "worker_id": worker_id,
+            "search": search,
+            "cursor": cursor,
+            "limit": limit,
+            "order": order,
+        }
         clean = {k: v for k, v in params.items() if v is not None}
-        return _decode(Page[Rollout], await self._call("GET", "/rollouts", params=clean, retry=True))
+        return _decode(
+            Page[Rollout], await self._call("GET", "/rollouts", params=clean, retry=True)
+        )
 
-    async def query_attempts(self, rollout_id: str | None = None, worker_id: str | None = None,
-                             status: Sequence[AttemptStatus] | None = None, cursor: str | None = None,
-                             limit: int = 100) -> Page[Attempt]:
+    async def query_attempts(
+        self,
+        rollout_id: str | None = None,
+        worker_id: str | None = None,
+        status: Sequence[AttemptStatus] | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> Page[Attempt]:
         """Return a page of attempts."""
-        params = {"rollout_id": rollout_id, "worker_id": worker_id, "cursor": cursor, "limit": limit,
-                  "status": None if status is None else [AttemptStatus(x).value for x in status]}
+        params = {
+            "rollout_id": rollout_id,
+            "worker_id": worker_id,
+            "cursor": cursor,
+            "limit": limit,
+            "status": None if status is None else [AttemptStatus(x).value for x in status],
+        }
         clean = {k: v for k, v in params.items() if v is not None}
-        return _decode(Page[Attempt], await self._call("GET", "/attempts", params=clean, retry=True))
+        return _decode(
+            Page[Attempt], await self._call("GET", "/attempts", params=clean, retry=True)
+        )
 
-    async def register_worker(self, worker_id: str, metadata: dict[str, Any] | None = None,
-                              lease_s: float = 30.0) -> Worker:
+    async def register_worker(
+        self, worker_id: str, metadata: dict[str, Any] | None = None, lease_s: float = 30.0
+    ) -> Worker:
         """Create or revive a worker as IDLE."""
         body = {"worker_id": worker_id, "metadata": metadata or {}, "lease_s": lease_s}
         return _decode(Worker, await self._call("POST", "/workers", body, retry=True))
@@ -226,23 +325,36 @@ class HttpStore:
         params = {k: v for k, v in {"cursor": cursor, "limit": limit}.items() if v is not None}
         return _decode(Page[Worker], await self._call("GET", "/workers", params=params, retry=True))
 
-    async def query_steps(self, rollout_id: str, attempt_id: str | None = None, cursor: str | None = None,
-                          limit: int = 500) -> Page[Step]:
+    async def query_steps(
+        self,
+        rollout_id: str,
+        attempt_id: str | None = None,
+        cursor: str | None = None,
+        limit: int = 500,
+    ) -> Page[Step]:
         """Return a page of a rollout's steps in order."""
-        params = {k: v for k, v in {"attempt_id": attempt_id, "cursor": cursor, "limit": limit}.items()
-                  if v is not None}
-        return _decode(Page[Step], await self._call("GET", f"/rollouts/{rollout_id}/steps", params=params,
-                                                    retry=True))
+        params = {
+            k: v
+            for k, v in {"attempt_id": attempt_id, "cursor": cursor, "limit": limit}.items()
+            if v is not None
+        }
+        return _decode(
+            Page[Step],
+            await self._call("GET", f"/rollouts/{rollout_id}/steps", params=params, retry=True),
+        )
 
-    async def query_steps_many(self, rollout_ids: Sequence[str], cursor: str | None = None,
-                               limit: int = 500) -> Page[Step]:
+    async def query_steps_many(
+        self, rollout_ids: Sequence[str], cursor: str | None = None, limit: int = 500
+    ) -> Page[Step]:
         """Return a page of the steps of up to 1,000 rollouts, by rollout id then sequence."""
         body = {"rollout_ids": list(rollout_ids), "cursor": cursor, "limit": limit}
         answer = await self._call("POST", "/rollouts/steps", body, retry=True)
         page: Page[Step] = _decode(Page[Step], answer)
         return page
 
-    async def add_resources(self, values: dict[str, Any], resources_id: str | None = None) -> Resources:
+    async def add_resources(
+        self, values: dict[str, Any], resources_id: str | None = None
+    ) -> Resources:
         """Store a new version of the resources agents use (id chosen here: safe to retry)."""
         body = {"values": values, "resources_id": resources_id or new_id("res")}
         return _decode(Resources, await self._call("POST", "/resources", body))
@@ -256,10 +368,15 @@ class HttpStore:
         return _decode(Statistics, await self._call("GET", "/statistics", retry=True))
 
     async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float) -> list[Rollout]:
-        """Wait until every given rollout is terminal or the timeout passes; return them as they are."""
+        """Wait until every given rollout is terminal or the timeout passes; return them as they
+        are."""
         body = {"rollout_ids": list(rollout_ids), "timeout": timeout}
-        return _decode(list[Rollout], await self._call("POST", "/rollouts/wait", body, retry=True,
-                                                       timeout=timeout + self._timeout))
+        return _decode(
+            list[Rollout],
+            await self._call(
+                "POST", "/rollouts/wait", body, retry=True, timeout=timeout + self._timeout
+            ),
+        )
 
     async def put_state(self, key: str, value: Any) -> None:
         """Store a JSON value under a key."""
@@ -271,8 +388,9 @@ class HttpStore:
 
     async def scan_state(self, prefix: str) -> dict[str, Any]:
         """Return every stored key/value under a prefix."""
-        found: dict[str, Any] = orjson.loads(await self._call("GET", f"/state/{prefix}", params={"prefix": "true"},
-                                                              retry=True))
+        found: dict[str, Any] = orjson.loads(
+            await self._call("GET", f"/state/{prefix}", params={"prefix": "true"}, retry=True)
+        )
         return found
 
     def start_reaper(self, interval_s: float = 1.0) -> None:

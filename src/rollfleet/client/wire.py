@@ -1,4 +1,5 @@
-"""A lean HTTP/1.1 client for the control plane's JSON API: pooled keep-alive connections, nothing else.
+"""A lean HTTP/1.1 client for the control plane's JSON API: pooled keep-alive connections, nothing
+else.
 
 Every runner calls the control plane a few times per rollout, so this is every runner's hot path.
 A general client's per-request machinery (aiohttp's cookie jar, tracing hooks, header multidicts,
@@ -21,7 +22,9 @@ import ssl
 import time
 from urllib.parse import urlencode, urlsplit
 
-KEEPALIVE_S = 4.0  # below uvicorn's 5 s: a pooled connection is dropped here before the server drops it
+KEEPALIVE_S = (
+    4.0  # below uvicorn's 5 s: a pooled connection is dropped here before the server drops it
+)
 MAX_IDLE = 64  # idle connections kept per event loop
 
 
@@ -39,7 +42,9 @@ class _Connection(asyncio.Protocol):
         self.open = True
         self.reusable = True
         self.idle_since = 0.0
-        self._head: tuple[int, int, int, bool] | None = None  # status, body start, length (-1 chunked, -2 to EOF)
+        self._head: tuple[int, int, int, bool] | None = (
+            None  # status, body start, length (-1 chunked, -2 to EOF)
+        )
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Keep the transport."""
@@ -78,7 +83,9 @@ class _Connection(asyncio.Protocol):
         self.open = False
         self._end_of_stream()  # TLS transports may report the end only here
         if self.answer is not None and not self.answer.done():
-            stale = not self.buf  # not one byte of an answer: the server closed it before reading the request
+            stale = (
+                not self.buf
+            )  # not one byte of an answer: the server closed it before reading the request
             self.answer.set_exception(_Closed(stale, exc))
 
     def close(self) -> None:
@@ -89,7 +96,12 @@ class _Connection(asyncio.Protocol):
 
     def _end_of_stream(self) -> None:
         """Settle an answer whose body runs to the end of the stream (no length, not chunked)."""
-        if self.answer is not None and not self.answer.done() and self._head is not None and self._head[2] == -2:
+        if (
+            self.answer is not None
+            and not self.answer.done()
+            and self._head is not None
+            and self._head[2] == -2
+        ):
             status, start, _length, _close = self._head
             self.answer.set_result((status, bytes(self.buf[start:])))
 
@@ -104,7 +116,7 @@ class _Connection(asyncio.Protocol):
         if length >= 0:
             if len(self.buf) - start < length:
                 return None
-            return status, bytes(self.buf[start:start + length])
+            return status, bytes(self.buf[start : start + length])
         if length == -1:
             body = _dechunk(self.buf, start)
             return None if body is None else (status, body)
@@ -154,7 +166,9 @@ def _dechunk(buf: bytearray, pos: int) -> bytes | None:
         except ValueError:
             raise ProtocolError("bad chunk size in a chunked answer") from None
         if size == 0:
-            return bytes(body) if buf.find(b"\r\n\r\n", eol) >= 0 else None  # after the trailers, if any
+            return (
+                bytes(body) if buf.find(b"\r\n\r\n", eol) >= 0 else None
+            )  # after the trailers, if any
         start, end = eol + 2, eol + 2 + size
         if len(buf) < end + 2:
             return None
@@ -178,12 +192,25 @@ class Client:
         self._fixed = "".join(f"{k}: {v}\r\n" for k, v in fixed.items()).encode()
         self._idle: dict[asyncio.AbstractEventLoop, list[_Connection]] = {}
 
-    async def request(self, method: str, path: str, body: bytes | None = None,
-                      params: list[tuple[str, str]] | None = None, timeout: float = 30.0) -> tuple[int, bytes]:
-        """Send one request and return (status, body); raises OSError/ConnectionError or TimeoutError."""
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        params: list[tuple[str, str]] | None = None,
+        timeout: float = 30.0,
+    ) -> tuple[int, bytes]:
+        """Send one request and return (status, body); raises OSError/ConnectionError or
+        TimeoutError."""
         target = self.prefix + path + ("?" + urlencode(params) if params else "")
-        data = b"".join((f"{method} {target} HTTP/1.1\r\n".encode(), self._fixed,
-                         b"content-length: %d\r\n\r\n" % (len(body) if body else 0), body or b""))
+        data = b"".join(
+            (
+                f"{method} {target} HTTP/1.1\r\n".encode(),
+                self._fixed,
+                b"content-length: %d\r\n\r\n" % (len(body) if body else 0),
+                body or b"",
+            )
+        )
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(timeout):
             while True:
@@ -193,7 +220,9 @@ class Client:
                 try:
                     result = await answer
                 except _Closed as exc:
-                    if reused and exc.stale:  # closed as idle by the server before it read this request
+                    if (
+                        reused and exc.stale
+                    ):  # closed as idle by the server before it read this request
                         continue
                     raise
                 except BaseException:  # cancelled or timed out: the server must see the caller go
@@ -210,7 +239,9 @@ class Client:
             if conn.open and now - conn.idle_since < KEEPALIVE_S:
                 return conn, True
             conn.close()
-        _transport, conn = await loop.create_connection(_Connection, self.host, self.port, ssl=self.ssl)
+        _transport, conn = await loop.create_connection(
+            _Connection, self.host, self.port, ssl=self.ssl
+        )
         return conn, False
 
     def _release(self, loop: asyncio.AbstractEventLoop, conn: _Connection) -> None:

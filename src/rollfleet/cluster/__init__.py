@@ -5,7 +5,8 @@
     cluster = Cluster()                                   # a local Ray, or join one
     group = MyWorker.create_group(cfg).launch(cluster, CpuPlacement(2), name="actor")
     results = group.step(batch).wait()                    # one result per rank
-    channel = create_channel("experiences", maxsize=64)   # small items inline, big ones by reference
+    channel = create_channel("experiences", maxsize=64)   # small items inline, big ones by
+    reference
 
 Names are imported on first use, so addresses and placement work without Ray installed.
 """
@@ -40,16 +41,50 @@ if TYPE_CHECKING:
     from rollfleet.cluster.worker import Worker
 
 _WHERE = {
-    "WorkerAddress": "address", "WorkerInfo": "address",
-    "DEFAULT_KEY": "channel", "Channel": "channel", "ChannelEmpty": "channel", "ChannelFull": "channel",
-    "connect_channel": "channel", "create_channel": "channel",
-    "Cluster": "cluster", "TensorWork": "collective", "WorkerGroup": "group", "WorkerGroupSpec": "group",
-    "CpuPlacement": "placement", "ExplicitPlacement": "placement", "NodeResources": "placement",
-    "PackedPlacement": "placement", "PlacementStrategy": "placement", "RankPlacement": "placement",
-    "Work": "waiting", "Worker": "worker",
+    "WorkerAddress": "address",
+    "WorkerInfo": "address",
+    "DEFAULT_KEY": "channel",
+    "Channel": "channel",
+    "ChannelEmpty": "channel",
+    "ChannelFull": "channel",
+    "connect_channel": "channel",
+    "create_channel": "channel",
+    "Cluster": "cluster",
+    "TensorWork": "collective",
+    "WorkerGroup": "group",
+    "WorkerGroupSpec": "group",
+    "CpuPlacement": "placement",
+    "ExplicitPlacement": "placement",
+    "NodeResources": "placement",
+    "PackedPlacement": "placement",
+    "PlacementStrategy": "placement",
+    "RankPlacement": "placement",
+    "Work": "waiting",
+    "Worker": "worker",
 }
 
-__all__ = sorted(_WHERE)
+__all__ = [
+    "Channel",
+    "ChannelEmpty",
+    "ChannelFull",
+    "Cluster",
+    "CpuPlacement",
+    "DEFAULT_KEY",
+    "ExplicitPlacement",
+    "NodeResources",
+    "PackedPlacement",
+    "PlacementStrategy",
+    "RankPlacement",
+    "TensorWork",
+    "Work",
+    "Worker",
+    "WorkerAddress",
+    "WorkerGroup",
+    "WorkerGroupSpec",
+    "WorkerInfo",
+    "connect_channel",
+    "create_channel",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -62,7 +62,8 @@ class WorkerAddress:
         return self.ranks[-2] if len(self.ranks) >= 2 else -1
 
     def get_parent_address(self) -> WorkerAddress:
-        """The address one level up (the group for a rank, the launching worker for a child group)."""
+        """The address one level up (the group for a rank, the launching worker for a child
+        group)."""
         if not self.ranks:
             raise InvalidInput(f"address {self.root!r} is a root and has no parent")
         return WorkerAddress(self.root, self.ranks[:-1])

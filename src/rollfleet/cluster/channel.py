@@ -5,7 +5,8 @@ direct TCP lane to the actor (see ``lane``): Ray's per-object bookkeeping (put, 
 registration, a call returning the reference) costs a few milliseconds per item, more than
 copying a couple of MiB twice (measured in docs/cluster.md). Larger items are ``ray.put`` by the
 producer and the channel passes only the reference: the consumer reads the data from the object
-store in one hop. Blocking, ``maxsize`` back-pressure and timeouts are decided inside the actor, so a
+store in one hop. Blocking, ``maxsize`` back-pressure and timeouts are decided inside the actor, so
+a
 timed-out put never lands later and a timed-out get never eats an item. The ``*_async`` methods
 and ``async_op=True`` use Ray actor calls (awaitable without a thread).
 """
@@ -34,7 +35,9 @@ from rollfleet.errors import ChannelEmpty, ChannelFull, ClusterError, ClusterTim
 log = logging.getLogger("rollfleet.cluster")
 
 DEFAULT_KEY = "default"
-INLINE_LIMIT = 2 * 1024 * 1024  # the measured crossover between two lane copies and one object-store hop
+INLINE_LIMIT = (
+    2 * 1024 * 1024
+)  # the measured crossover between two lane copies and one object-store hop
 _GRACE = 30.0  # how much longer than the actor's own deadline the client waits for its answer
 
 _created: dict[str, Channel] = {}  # channels this process created: alive as long as it is
@@ -46,7 +49,12 @@ def _actor_name(name: str) -> str:
 
 
 def create_channel(
-    name: str, maxsize: int = 0, *, node_id: str | None = None, exist_ok: bool = False, detached: bool = False,
+    name: str,
+    maxsize: int = 0,
+    *,
+    node_id: str | None = None,
+    exist_ok: bool = False,
+    detached: bool = False,
     inline_limit: int = INLINE_LIMIT,
 ) -> Channel:
     """Create the channel ``name`` holding at most ``maxsize`` items (0: unbounded).
@@ -57,7 +65,11 @@ def create_channel(
     """
     if maxsize < 0:
         raise InvalidInput(f"channel {name!r}: maxsize must be >= 0, got {maxsize}")
-    options: dict[str, Any] = {"name": _actor_name(name), "namespace": NAMESPACE, "get_if_exists": exist_ok}
+    options: dict[str, Any] = {
+        "name": _actor_name(name),
+        "namespace": NAMESPACE,
+        "get_if_exists": exist_ok,
+    }
     if detached:
         options["lifetime"] = "detached"
     if node_id is not None:
@@ -65,29 +77,41 @@ def create_channel(
     try:
         actor = _RemoteChannel.options(**options).remote(name, maxsize)
     except ValueError as exc:
-        raise ClusterError(f"channel {name!r} already exists; use connect_channel({name!r})") from exc
+        raise ClusterError(
+            f"channel {name!r} already exists; use connect_channel({name!r})"
+        ) from exc
     channel = _created[name] = _attach(name, actor, inline_limit)
     log.info("channel %s ready (maxsize=%d)", name, channel.maxsize)
     return channel
 
 
-def connect_channel(name: str, timeout: float = 0.0, *, inline_limit: int = INLINE_LIMIT) -> Channel:
+def connect_channel(
+    name: str, timeout: float = 0.0, *, inline_limit: int = INLINE_LIMIT
+) -> Channel:
     """Connect to the existing channel ``name``, waiting up to ``timeout`` seconds for it."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return _attach(name, ray.get_actor(_actor_name(name), namespace=NAMESPACE), inline_limit)
+            return _attach(
+                name, ray.get_actor(_actor_name(name), namespace=NAMESPACE), inline_limit
+            )
         except ValueError as exc:
             if time.monotonic() >= deadline:
                 if timeout:
-                    raise ClusterTimeout(f"{caller_name()}: channel {name!r} did not appear within {timeout}s") from exc
-                raise ClusterError(f"no channel named {name!r}; create it with create_channel") from exc
+                    raise ClusterTimeout(
+                        f"{caller_name()}: channel {name!r} did not appear within {timeout}s"
+                    ) from exc
+                raise ClusterError(
+                    f"no channel named {name!r}; create it with create_channel"
+                ) from exc
             time.sleep(0.05)
 
 
 def _attach(name: str, actor: Any, inline_limit: int) -> Channel:
     """A Channel handle on ``actor`` once it answers (its maxsize and lane address)."""
-    _, maxsize, address = get_all([actor.meta.remote()], [f"channel {name!r}"], "channel start", 120.0)[0]
+    _, maxsize, address = get_all(
+        [actor.meta.remote()], [f"channel {name!r}"], "channel start", 120.0
+    )[0]
     return Channel(name, actor, int(maxsize), address, inline_limit)
 
 
@@ -131,7 +155,14 @@ def _decode_all(payloads: list[ca.Payload], fetched: list[Any]) -> list[Any]:
 class Channel:
     """A handle on a named channel; cheap to copy and to pass to other workers."""
 
-    def __init__(self, name: str, actor: Any, maxsize: int, lane: LaneAddress, inline_limit: int = INLINE_LIMIT) -> None:
+    def __init__(
+        self,
+        name: str,
+        actor: Any,
+        maxsize: int,
+        lane: LaneAddress,
+        inline_limit: int = INLINE_LIMIT,
+    ) -> None:
         self.name = name
         self._actor = actor
         self._maxsize = maxsize
@@ -140,14 +171,23 @@ class Channel:
         self.inline_limit = inline_limit
         self._in_flight: deque[Work] = deque()
         self._where = [f"channel {name!r}"]
-        self._client = uuid.uuid4().hex  # Ray-call puts carry (client, seq) so the actor keeps their order
+        self._client = (
+            uuid.uuid4().hex
+        )  # Ray-call puts carry (client, seq) so the actor keeps their order
         self._seq = itertools.count()
 
-    def _put_rpc(self, key: Any, entries: list[tuple[float, ca.Payload]], nowait: bool, timeout: float | None) -> Any:
-        return self._actor.put_in_order.remote(self._client, next(self._seq), key, entries, nowait, timeout)
+    def _put_rpc(
+        self, key: Any, entries: list[tuple[float, ca.Payload]], nowait: bool, timeout: float | None
+    ) -> Any:
+        return self._actor.put_in_order.remote(
+            self._client, next(self._seq), key, entries, nowait, timeout
+        )
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Channel, (self.name, self._actor, self._maxsize, self._lane_address, self.inline_limit))
+        return (
+            Channel,
+            (self.name, self._actor, self._maxsize, self._lane_address, self.inline_limit),
+        )
 
     def __repr__(self) -> str:
         return f"Channel({self.name!r}, maxsize={self._maxsize})"
@@ -177,8 +217,19 @@ class Channel:
             raise ChannelEmpty(f"{self._what(op, key)}: no item")
 
     # -- put -----------------------------------------------------------------------------------
-    def _put(self, items: list[Any], weights: list[float], key: Any, nowait: bool, timeout: float | None, op: str) -> None:
-        entries = [(float(w), _encode(item, self.inline_limit)) for item, w in zip(items, weights, strict=True)]
+    def _put(
+        self,
+        items: list[Any],
+        weights: list[float],
+        key: Any,
+        nowait: bool,
+        timeout: float | None,
+        op: str,
+    ) -> None:
+        entries = [
+            (float(w), _encode(item, self.inline_limit))
+            for item, w in zip(items, weights, strict=True)
+        ]
         args = (key, entries, nowait, timeout)
         if _inline(entries):
             wire = [(w, (kind, out_of_band(data))) for w, (kind, data) in entries]
@@ -193,8 +244,13 @@ class Channel:
             self._in_flight.popleft().wait()
 
     def put(
-        self, item: Any, key: Any = DEFAULT_KEY, weight: float = 1.0, *,
-        timeout: float | None = None, async_op: bool = False,
+        self,
+        item: Any,
+        key: Any = DEFAULT_KEY,
+        weight: float = 1.0,
+        *,
+        timeout: float | None = None,
+        async_op: bool = False,
     ) -> Work | None:
         """Add ``item`` under ``key``; blocks while the channel is full (up to ``timeout``)."""
         if async_op:
@@ -202,7 +258,14 @@ class Channel:
         self._put([item], [weight], key, False, timeout, "put")
         return None
 
-    def put_batch(self, items: list[Any], key: Any = DEFAULT_KEY, weights: list[float] | None = None, *, timeout: float | None = None) -> None:
+    def put_batch(
+        self,
+        items: list[Any],
+        key: Any = DEFAULT_KEY,
+        weights: list[float] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> None:
         """Add several items in one message (they enter the channel together)."""
         self._put(items, weights or [1.0] * len(items), key, False, timeout, "put_batch")
 
@@ -211,22 +274,49 @@ class Channel:
         self._put([item], [weight], key, True, None, "put_nowait")
 
     def _put_async_op(self, item: Any, weight: float, key: Any, timeout: float | None) -> Work:
-        """Start a put; at most ``maxsize`` (bounded) or 1000 of this handle's puts are in flight."""
+        """Start a put; at most ``maxsize`` (bounded) or 1000 of this handle's puts are in
+        flight."""
         while len(self._in_flight) >= (self._maxsize or 1000):
             self._in_flight.popleft().wait()
-        ref = self._put_rpc(key, [(float(weight), _encode(item, self.inline_limit))], False, timeout)
-        work = Work([ref], self._where, self._what("put", key), lambda r: self._check(r[0], "put", key, timeout))
+        ref = self._put_rpc(
+            key, [(float(weight), _encode(item, self.inline_limit))], False, timeout
+        )
+        work = Work(
+            [ref],
+            self._where,
+            self._what("put", key),
+            lambda r: self._check(r[0], "put", key, timeout),
+        )
         self._in_flight.append(work)
         return work
 
-    async def put_async(self, item: Any, key: Any = DEFAULT_KEY, weight: float = 1.0, *, timeout: float | None = None) -> None:
+    async def put_async(
+        self,
+        item: Any,
+        key: Any = DEFAULT_KEY,
+        weight: float = 1.0,
+        *,
+        timeout: float | None = None,
+    ) -> None:
         """Awaitable put; suspends while the channel is full."""
-        ref = self._put_rpc(key, [(float(weight), _encode(item, self.inline_limit))], False, timeout)
-        status = (await get_all_async([ref], self._where, self._what("put", key), _grace(timeout)))[0]
+        ref = self._put_rpc(
+            key, [(float(weight), _encode(item, self.inline_limit))], False, timeout
+        )
+        status = (await get_all_async([ref], self._where, self._what("put", key), _grace(timeout)))[
+            0
+        ]
         self._check(status, "put", key, timeout)
 
     # -- get -----------------------------------------------------------------------------------
-    def _take(self, key: Any, n: int | None, target: float | None, nowait: bool, timeout: float | None, op: str) -> list[Any]:
+    def _take(
+        self,
+        key: Any,
+        n: int | None,
+        target: float | None,
+        nowait: bool,
+        timeout: float | None,
+        op: str,
+    ) -> list[Any]:
         status, payloads = self._call("get", (key, n, target, nowait, timeout), timeout)
         self._check(status, op, key, timeout)
         tickets = [p[1] for p in payloads if p[0] == "t"]
@@ -236,11 +326,18 @@ class Channel:
         payloads = [next(claimed) if p[0] == "t" else p for p in payloads]
         return _decode_all(payloads, self._fetch(payloads))
 
-    def get(self, key: Any = DEFAULT_KEY, *, timeout: float | None = None, async_op: bool = False) -> Any:
+    def get(
+        self, key: Any = DEFAULT_KEY, *, timeout: float | None = None, async_op: bool = False
+    ) -> Any:
         """Remove and return the oldest item under ``key``, waiting up to ``timeout`` for one."""
         if async_op:
             ref = self._actor.get_batch.remote(key, 1, None, False, timeout)
-            return Work([ref], self._where, self._what("get", key), lambda r: self._unpack(r[0], key, timeout)[0])
+            return Work(
+                [ref],
+                self._where,
+                self._what("get", key),
+                lambda r: self._unpack(r[0], key, timeout)[0],
+            )
         return self._take(key, 1, None, False, timeout, "get")[0]
 
     def get_nowait(self, key: Any = DEFAULT_KEY) -> Any:
@@ -248,15 +345,26 @@ class Channel:
         return self._take(key, 1, None, True, None, "get_nowait")[0]
 
     def get_batch(
-        self, n: int | None = None, *, target_weight: float | None = None, key: Any = DEFAULT_KEY,
-        timeout: float | None = None, async_op: bool = False,
+        self,
+        n: int | None = None,
+        *,
+        target_weight: float | None = None,
+        key: Any = DEFAULT_KEY,
+        timeout: float | None = None,
+        async_op: bool = False,
     ) -> Any:
-        """Remove ``n`` items, or items until their weights reach ``target_weight``, in one message."""
+        """Remove ``n`` items, or items until their weights reach ``target_weight``, in one
+        message."""
         if (n is None) == (target_weight is None) or (n is not None and n < 1):
             raise InvalidInput("get_batch needs exactly one of n >= 1 or target_weight")
         if async_op:
             ref = self._actor.get_batch.remote(key, n, target_weight, False, timeout)
-            return Work([ref], self._where, self._what("get_batch", key), lambda r: self._unpack(r[0], key, timeout))
+            return Work(
+                [ref],
+                self._where,
+                self._what("get_batch", key),
+                lambda r: self._unpack(r[0], key, timeout),
+            )
         return self._take(key, n, target_weight, False, timeout, "get_batch")
 
     async def get_async(self, key: Any = DEFAULT_KEY, *, timeout: float | None = None) -> Any:
@@ -264,12 +372,18 @@ class Channel:
         return (await self.get_batch_async(1, key=key, timeout=timeout))[0]
 
     async def get_batch_async(
-        self, n: int | None = None, *, target_weight: float | None = None, key: Any = DEFAULT_KEY,
+        self,
+        n: int | None = None,
+        *,
+        target_weight: float | None = None,
+        key: Any = DEFAULT_KEY,
         timeout: float | None = None,
     ) -> list[Any]:
         """Awaitable get_batch."""
         ref = self._actor.get_batch.remote(key, n, target_weight, False, timeout)
-        status, payloads = (await get_all_async([ref], self._where, self._what("get", key), _grace(timeout)))[0]
+        status, payloads = (
+            await get_all_async([ref], self._where, self._what("get", key), _grace(timeout))
+        )[0]
         self._check(status, "get", key, timeout)
         refs = [p[1][0] for p in payloads if p[0] in ca.REF_KINDS]
         try:
@@ -277,7 +391,9 @@ class Channel:
         except rayexc.ObjectLostError as exc:
             raise self._lost(exc) from exc
 
-    def _unpack(self, answer: tuple[int, list[ca.Payload]], key: Any, timeout: float | None) -> list[Any]:
+    def _unpack(
+        self, answer: tuple[int, list[ca.Payload]], key: Any, timeout: float | None
+    ) -> list[Any]:
         status, payloads = answer
         self._check(status, "get", key, timeout)
         return _decode_all(payloads, self._fetch(payloads))
@@ -292,8 +408,8 @@ class Channel:
 
     def _lost(self, exc: Exception) -> ClusterError:
         return ClusterError(
-            f"channel {self.name!r}: an item's data is gone (its producer exited before it was read, "
-            f"or its node died): {type(exc).__name__}"
+            f"channel {self.name!r}: an item's data is gone (its producer exited before it was "
+            f"read, or its node died): {type(exc).__name__}"
         )
 
     # -- inspection ----------------------------------------------------------------------------

@@ -22,8 +22,10 @@ from rollfleet.cluster import lane
 OK, EMPTY, FULL, TIMEOUT = 0, 1, 2, 3
 
 Payload = tuple[str, Any]  # (kind, data): see channel._encode
+# payloads that hold an object reference: never sent over the lane
 REF_KINDS = ("r", "P")
-ORDER_WAIT = 60.0  # how long a put waits for an earlier one from the same handle (lost if its sender died)  # payloads that hold an object reference: never sent over the lane
+# how long a put waits for an earlier one from the same handle (lost if its sender died)
+ORDER_WAIT = 60.0
 
 
 class ChannelActor:
@@ -89,7 +91,8 @@ class ChannelActor:
         return ("t", ticket)
 
     async def claim(self, tickets: list[int]) -> list[Payload]:
-        """Hand over the references popped through the lane (their data stays in the object store)."""
+        """Hand over the references popped through the lane (their data stays in the object
+        store)."""
         return [self._tickets.pop(t) for t in tickets]
 
     async def qsize(self, key: Any = None) -> int:
@@ -102,9 +105,16 @@ class ChannelActor:
         return not self._maxsize or self._total + n <= self._maxsize or self._total == 0
 
     async def put_in_order(
-        self, client: str, seq: int, key: Any, entries: list[tuple[float, Payload]], nowait: bool, timeout: float | None
+        self,
+        client: str,
+        seq: int,
+        key: Any,
+        entries: list[tuple[float, Payload]],
+        nowait: bool,
+        timeout: float | None,
     ) -> int:
-        """``put`` for Ray calls, which an async actor may start out of order: apply them in ``seq`` order."""
+        """``put`` for Ray calls, which an async actor may start out of order: apply them in ``seq``
+        order."""
         await _wait(self._turns, lambda: self._next_seq.get(client, 0) >= seq, ORDER_WAIT)
         try:
             return await self.put(key, entries, nowait, timeout)
@@ -113,7 +123,9 @@ class ChannelActor:
             async with self._turns:
                 self._turns.notify_all()
 
-    async def put(self, key: Any, entries: list[tuple[float, Payload]], nowait: bool, timeout: float | None) -> int:
+    async def put(
+        self, key: Any, entries: list[tuple[float, Payload]], nowait: bool, timeout: float | None
+    ) -> int:
         """Append ``entries`` under ``key`` once they fit under maxsize."""
         if not self._room(len(entries)):
             if nowait:
@@ -128,13 +140,20 @@ class ChannelActor:
             self._items.notify_all()
         return OK
 
-    async def get(self, key: Any, nowait: bool, timeout: float | None) -> tuple[int, Payload | None]:
+    async def get(
+        self, key: Any, nowait: bool, timeout: float | None
+    ) -> tuple[int, Payload | None]:
         """Pop the oldest entry under ``key``."""
         status, batch = await self.get_batch(key, 1, None, nowait, timeout)
         return status, (batch[0] if batch else None)
 
     async def get_batch(
-        self, key: Any, n: int | None, target_weight: float | None, nowait: bool, timeout: float | None
+        self,
+        key: Any,
+        n: int | None,
+        target_weight: float | None,
+        nowait: bool,
+        timeout: float | None,
     ) -> tuple[int, list[Payload]]:
         """Pop ``n`` entries, or entries until their weights reach ``target_weight``."""
         ready = self._ready_check(key, n, target_weight)
@@ -145,9 +164,13 @@ class ChannelActor:
                 return TIMEOUT, []
         return OK, await self._pop(key, n, target_weight)
 
-    def _ready_check(self, key: Any, n: int | None, target_weight: float | None) -> Callable[[], bool]:
+    def _ready_check(
+        self, key: Any, n: int | None, target_weight: float | None
+    ) -> Callable[[], bool]:
         if target_weight is not None:
-            return lambda: bool(self._queues.get(key)) and self._weights.get(key, 0.0) >= target_weight
+            return lambda: (
+                bool(self._queues.get(key)) and self._weights.get(key, 0.0) >= target_weight
+            )
         need = n or 1
         return lambda: len(self._queues.get(key, ())) >= need
 

@@ -93,7 +93,9 @@ class Cluster:
             if num_nodes is None or alive >= num_nodes:
                 return num_nodes or alive
             if time.monotonic() > deadline:
-                raise ClusterTimeout(f"cluster: waited {timeout:.0f}s for {num_nodes} nodes, {alive} alive")
+                raise ClusterTimeout(
+                    f"cluster: waited {timeout:.0f}s for {num_nodes} nodes, {alive} alive"
+                )
             time.sleep(0.5)
 
     @property
@@ -122,7 +124,9 @@ class Cluster:
         if node.node_id == ray.get_runtime_context().get_node_id():
             return free_local_port()
         strategy = NodeAffinitySchedulingStrategy(node.node_id, soft=False)
-        return int(ray.get(_free_port_on_node.options(scheduling_strategy=strategy).remote(), timeout=60))
+        return int(
+            ray.get(_free_port_on_node.options(scheduling_strategy=strategy).remote(), timeout=60)
+        )
 
     def shutdown(self) -> None:
         """Stop Ray if this handle started it (a joined cluster is left running)."""

@@ -41,7 +41,9 @@ def _mailbox(group: str) -> Channel:
     """The (lazily created, detached) mailbox of ``group``."""
     channel = _mailboxes.get(group)
     if channel is None:
-        channel = _mailboxes[group] = create_channel(mailbox_name(group), exist_ok=True, detached=True)
+        channel = _mailboxes[group] = create_channel(
+            mailbox_name(group), exist_ok=True, detached=True
+        )
     return channel
 
 
@@ -60,21 +62,34 @@ def _on_mailbox(group: str, use: Callable[[Channel], Any]) -> Any:
         return use(_mailbox(group))
 
 
-def send_object(me: WorkerAddress, obj: Any, dst: WorkerAddress, async_op: bool, timeout: float | None, tag: str = "") -> Work | None:
+def send_object(
+    me: WorkerAddress,
+    obj: Any,
+    dst: WorkerAddress,
+    async_op: bool,
+    timeout: float | None,
+    tag: str = "",
+) -> Work | None:
     """Deliver ``obj`` to ``dst``'s mailbox (returns once it is there, or a Work)."""
     key = _key(me, dst, tag)
     try:
-        work: Work | None = _on_mailbox(dst.group_name, lambda box: box.put(obj, key=key, timeout=timeout, async_op=async_op))
+        work: Work | None = _on_mailbox(
+            dst.group_name, lambda box: box.put(obj, key=key, timeout=timeout, async_op=async_op)
+        )
         return work
     except ClusterTimeout as exc:
         raise ClusterTimeout(f"send from {me} to {dst}: not delivered within {timeout}s") from exc
 
 
-def recv_object(me: WorkerAddress, src: WorkerAddress, async_op: bool, timeout: float | None, tag: str = "") -> Any:
+def recv_object(
+    me: WorkerAddress, src: WorkerAddress, async_op: bool, timeout: float | None, tag: str = ""
+) -> Any:
     """The next object ``src`` sent to ``me`` (or a Work giving it)."""
     key = _key(src, me, tag)
     try:
-        return _on_mailbox(me.group_name, lambda box: box.get(key=key, timeout=timeout, async_op=async_op))
+        return _on_mailbox(
+            me.group_name, lambda box: box.get(key=key, timeout=timeout, async_op=async_op)
+        )
     except ClusterTimeout as exc:
         raise ClusterTimeout(f"recv on {me}: nothing from {src} within {timeout}s") from exc
 
@@ -154,16 +169,22 @@ def _rendezvous(info: WorkerInfo, peer: WorkerAddress, backend: str, timeout: fl
         prefixed = dist.PrefixStore(f"{names[0]}|{names[1]}|{backend}", store)
         return _Pair(_make_group(prefixed, rank, backend, wait, info.node_ip), rank, store)
     except (RuntimeError, dist.DistError) as exc:
-        raise ClusterTimeout(f"tensor rendezvous between {me} and {peer} ({backend}) failed: {exc}") from exc
+        raise ClusterTimeout(
+            f"tensor rendezvous between {me} and {peer} ({backend}) failed: {exc}"
+        ) from exc
 
 
-def _join_store(dist: Any, me: WorkerAddress, peer: WorkerAddress, tag: str, deadline: float) -> Any:
+def _join_store(
+    dist: Any, me: WorkerAddress, peer: WorkerAddress, tag: str, deadline: float
+) -> Any:
     """Connect to the store ``peer`` mailed; skip addresses left by earlier, abandoned attempts."""
     while True:
         remaining = max(deadline - time.monotonic(), 0.01)
         host, port = recv_object(me, peer, False, remaining, tag)
         try:
-            return dist.TCPStore(host, port, 2, False, timedelta(seconds=min(remaining, STALE_STORE_WAIT)))
+            return dist.TCPStore(
+                host, port, 2, False, timedelta(seconds=min(remaining, STALE_STORE_WAIT))
+            )
         except (RuntimeError, dist.DistError):
             if time.monotonic() >= deadline:
                 raise
@@ -181,23 +202,37 @@ def _make_group(store: Any, rank: int, backend: str, timeout: timedelta, host: s
     return dist.ProcessGroupGloo(store, rank, 2, options)
 
 
-def send_tensor(info: WorkerInfo, tensor: torch.Tensor, dst: WorkerAddress, async_op: bool, timeout: float) -> TensorWork | None:
+def send_tensor(
+    info: WorkerInfo, tensor: torch.Tensor, dst: WorkerAddress, async_op: bool, timeout: float
+) -> TensorWork | None:
     """Send ``tensor`` to ``dst``, which must ``recv_tensor`` into a buffer of the same shape."""
     return _transfer("send", info, tensor, dst, async_op, timeout)
 
 
-def recv_tensor(info: WorkerInfo, tensor: torch.Tensor, src: WorkerAddress, async_op: bool, timeout: float) -> TensorWork | None:
+def recv_tensor(
+    info: WorkerInfo, tensor: torch.Tensor, src: WorkerAddress, async_op: bool, timeout: float
+) -> TensorWork | None:
     """Receive into ``tensor`` from ``src``."""
     return _transfer("recv", info, tensor, src, async_op, timeout)
 
 
-def _transfer(op: str, info: WorkerInfo, tensor: torch.Tensor, peer: WorkerAddress, async_op: bool, timeout: float) -> TensorWork | None:
-    """Start ``op`` ("send"/"recv") with ``peer`` on the pair's process group; wait unless ``async_op``."""
+def _transfer(
+    op: str,
+    info: WorkerInfo,
+    tensor: torch.Tensor,
+    peer: WorkerAddress,
+    async_op: bool,
+    timeout: float,
+) -> TensorWork | None:
+    """Start ``op`` ("send"/"recv") with ``peer`` on the pair's process group; wait unless
+    ``async_op``."""
     backend = _backend(tensor)
     pair = _pair(info, peer, backend, timeout)
     arrow = "->" if op == "send" else "<-"
     started = getattr(pair.group, op)([tensor], 1 - pair.rank, 0)
-    work = TensorWork(started, f"{op}_tensor {info.address} {arrow} {peer}", timeout, (peer.get_name(), backend))
+    work = TensorWork(
+        started, f"{op}_tensor {info.address} {arrow} {peer}", timeout, (peer.get_name(), backend)
+    )
     if async_op:
         return work
     work.wait()

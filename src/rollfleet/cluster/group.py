@@ -62,7 +62,8 @@ class WorkerGroupSpec(Generic[W]):
         max_restarts: int = 0,
         timeout: float = 120.0,
     ) -> WorkerGroup[W]:
-        """Start one actor per placed rank and wait (up to ``timeout``) until all are constructed."""
+        """Start one actor per placed rank and wait (up to ``timeout``) until all are
+        constructed."""
         nodes = cluster.nodes()[: cluster.num_nodes]
         plan = (placement or CpuPlacement(1)).plan(nodes)
         address = _group_address(self.worker_cls, name)
@@ -147,7 +148,8 @@ class WorkerGroup(Generic[W]):
 
     # -- lifecycle ------------------------------------------------------------------------------
     def _start(self, ranks: Iterable[int], timeout: float) -> None:
-        """Create the actors of ``ranks`` and wait for their constructors (none is left on failure)."""
+        """Create the actors of ``ranks`` and wait for their constructors (none is left on
+        failure)."""
         remote_cls = actor_class(self._spec.worker_cls)  # type: ignore[arg-type]
         created: list[int] = []
         current = -1
@@ -179,7 +181,8 @@ class WorkerGroup(Generic[W]):
         get_all(refs, [self._name(r) for r in ranks], f"{self._address}.{what}", timeout)
 
     def restart(self, rank: int, timeout: float = 120.0) -> None:
-        """Replace rank ``rank`` (dead or alive) with a fresh actor built with the same arguments."""
+        """Replace rank ``rank`` (dead or alive) with a fresh actor built with the same
+        arguments."""
         self._check_ranks([rank])
         ray.kill(self._handles[rank], no_restart=True)
         deadline = time.monotonic() + timeout
@@ -245,7 +248,8 @@ class WorkerGroup(Generic[W]):
             )
 
     def call(self, method: str, *args: Any, scatter: bool = False, **kwargs: Any) -> Work:
-        """Run ``method`` on every selected rank; ``scatter=True`` gives list arguments out per rank."""
+        """Run ``method`` on every selected rank; ``scatter=True`` gives list arguments out per
+        rank."""
         handles = self._handles
         if scatter:
             per_rank = _scatter(args, kwargs, len(self._selected), method)

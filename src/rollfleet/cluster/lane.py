@@ -74,7 +74,9 @@ class Lane:
             try:
                 sock = socket.create_connection((host, port), timeout=30)
             except OSError as exc:
-                raise ClusterError(f"{self._label}: cannot reach the channel at {host}:{port}: {exc}") from exc
+                raise ClusterError(
+                    f"{self._label}: cannot reach the channel at {host}:{port}: {exc}"
+                ) from exc
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
             sock.sendall(frame(token))
@@ -94,7 +96,9 @@ class Lane:
             return pickle.loads(head, buffers=[self._read(sock, size) for size in sizes[1:]])
         except TimeoutError as exc:
             self.close()
-            raise ClusterTimeout(f"{self._label}: the channel did not answer within {timeout}s") from exc
+            raise ClusterTimeout(
+                f"{self._label}: the channel did not answer within {timeout}s"
+            ) from exc
         except OSError as exc:
             self.close()
             raise ClusterError(f"{self._label}: lost the channel (its actor died?): {exc}") from exc

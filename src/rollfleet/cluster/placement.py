@@ -52,7 +52,9 @@ def _with_local_ranks(placements: list[RankPlacement]) -> list[RankPlacement]:
     seen: Counter[int] = Counter()
     out = []
     for p in placements:
-        out.append(replace(p, local_rank=seen[p.node_index], local_world_size=per_node[p.node_index]))
+        out.append(
+            replace(p, local_rank=seen[p.node_index], local_world_size=per_node[p.node_index])
+        )
         seen[p.node_index] += 1
     return out
 
@@ -82,17 +84,19 @@ class PackedPlacement:
         if self.gpus_per_rank < 0:
             raise InvalidInput(f"gpus_per_rank must be >= 0, got {self.gpus_per_rank}")
         placements: list[RankPlacement] = []
-        for node in nodes[self.start_node:]:
+        for node in nodes[self.start_node :]:
             for slot in range(self._slots(node)):
                 if len(placements) == self.num_ranks:
                     return _with_local_ranks(placements)
                 first = slot * self.gpus_per_rank
                 gpus = tuple(range(first, first + self.gpus_per_rank))
-                placements.append(RankPlacement(len(placements), node.index, gpus, self.num_cpus_per_rank))
+                placements.append(
+                    RankPlacement(len(placements), node.index, gpus, self.num_cpus_per_rank)
+                )
         if len(placements) < self.num_ranks:
             raise ClusterError(
-                f"packed placement: {self.num_ranks} ranks x {self.gpus_per_rank} GPU(s) do not fit "
-                f"on nodes {self.start_node}..{len(nodes) - 1} (room for {len(placements)})"
+                f"packed placement: {self.num_ranks} ranks x {self.gpus_per_rank} GPU(s) do not "
+                f"fit on nodes {self.start_node}..{len(nodes) - 1} (room for {len(placements)})"
             )
         return _with_local_ranks(placements)
 
@@ -136,20 +140,26 @@ class ExplicitPlacement:
             raise InvalidInput("explicit placement: nodes must list at least one rank")
         gpus = self.gpus if self.gpus is not None else [()] * len(self.nodes)
         if len(gpus) != len(self.nodes):
-            raise InvalidInput(f"explicit placement: {len(self.nodes)} nodes but {len(gpus)} GPU lists")
+            raise InvalidInput(
+                f"explicit placement: {len(self.nodes)} nodes but {len(gpus)} GPU lists"
+            )
         taken: set[tuple[int, int]] = set()
         placements = []
         for rank, (node_index, rank_gpus) in enumerate(zip(self.nodes, gpus, strict=True)):
             node = self._node(nodes, rank, node_index)
             for gpu in rank_gpus:
                 self._claim(taken, node, rank, gpu)
-            placements.append(RankPlacement(rank, node_index, tuple(rank_gpus), self.num_cpus_per_rank))
+            placements.append(
+                RankPlacement(rank, node_index, tuple(rank_gpus), self.num_cpus_per_rank)
+            )
         return _with_local_ranks(placements)
 
     @staticmethod
     def _node(nodes: Sequence[NodeResources], rank: int, index: int) -> NodeResources:
         if not 0 <= index < len(nodes):
-            raise ClusterError(f"explicit placement: rank {rank} wants node {index}, cluster has {len(nodes)}")
+            raise ClusterError(
+                f"explicit placement: rank {rank} wants node {index}, cluster has {len(nodes)}"
+            )
         return nodes[index]
 
     @staticmethod

@@ -112,7 +112,8 @@ class Worker:
         async_op: bool = False,
         timeout: float = DEFAULT_P2P_TIMEOUT,
     ) -> TensorWork | None:
-        """Send ``tensor`` over torch.distributed (gloo on CPU, NCCL on GPU); the peer needs a buffer."""
+        """Send ``tensor`` over torch.distributed (gloo on CPU, NCCL on GPU); the peer needs a
+        buffer."""
         from rollfleet.cluster import collective
 
         return collective.send_tensor(

@@ -3,7 +3,8 @@
 Eval metrics follow the usual definitions for ``n`` samples per task: ``mean@n`` and ``std@n``
 of the rewards; ``best@k``/``worst@k`` the *expected* maximum/minimum reward of ``k`` samples drawn
 without replacement (computed exactly from order statistics, not by resampling); ``pass@k`` the
-unbiased estimator ``1 - C(n-c, k) / C(n, k)`` with ``c`` the samples whose reward reaches a threshold.
+unbiased estimator ``1 - C(n-c, k) / C(n, k)`` with ``c`` the samples whose reward reaches a
+threshold.
 Every task-level figure is averaged over tasks.
 """
 
@@ -27,8 +28,12 @@ def summary(values: Iterable[float], prefix: str) -> dict[str, float]:
     xs = [float(v) for v in values]
     if not xs:
         return {}
-    return {f"{prefix}/mean": _mean(xs), f"{prefix}/std": _pstd(xs),
-            f"{prefix}/max": max(xs), f"{prefix}/min": min(xs)}
+    return {
+        f"{prefix}/mean": _mean(xs),
+        f"{prefix}/std": _pstd(xs),
+        f"{prefix}/max": max(xs),
+        f"{prefix}/min": min(xs),
+    }
 
 
 def reward_stats(rewards: Iterable[float | None]) -> dict[str, float]:
@@ -41,7 +46,11 @@ def metric_aggregates(metrics: Iterable[Mapping[str, float]]) -> dict[str, float
     by_name: dict[str, list[float]] = {}
     for row in metrics:
         for name, value in row.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            if (
+                isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+            ):
                 by_name.setdefault(name, []).append(float(value))
     out: dict[str, float] = {}
     for name in sorted(by_name):
@@ -65,16 +74,22 @@ def latency_stats(durations: Iterable[float]) -> dict[str, float]:
     xs = [float(d) for d in durations]
     if not xs:
         return {}
-    return {"latency/mean": _mean(xs), "latency/p50": percentile(xs, 0.5),
-            "latency/p90": percentile(xs, 0.9), "latency/max": max(xs)}
+    return {
+        "latency/mean": _mean(xs),
+        "latency/p50": percentile(xs, 0.5),
+        "latency/p90": percentile(xs, 0.9),
+        "latency/max": max(xs),
+    }
 
 
 def token_stats(prompt_tokens: Sequence[int], completion_tokens: Sequence[int]) -> dict[str, float]:
     """Totals and per-rollout means of prompt and completion tokens (``tokens/…``)."""
     if not prompt_tokens and not completion_tokens:
         return {}
-    out: dict[str, float] = {"tokens/prompt_total": float(sum(prompt_tokens)),
-                             "tokens/completion_total": float(sum(completion_tokens))}
+    out: dict[str, float] = {
+        "tokens/prompt_total": float(sum(prompt_tokens)),
+        "tokens/completion_total": float(sum(completion_tokens)),
+    }
     if completion_tokens:
         out["tokens/completion_mean"] = _mean([float(c) for c in completion_tokens])
     if prompt_tokens:
@@ -83,7 +98,8 @@ def token_stats(prompt_tokens: Sequence[int], completion_tokens: Sequence[int]) 
 
 
 def expected_extreme(rewards: Sequence[float], k: int, *, best: bool) -> float:
-    """Expected max (``best``) or min of ``k`` samples drawn without replacement from ``rewards``."""
+    """Expected max (``best``) or min of ``k`` samples drawn without replacement from
+    ``rewards``."""
     n = len(rewards)
     if not 1 <= k <= n:
         raise ValueError(f"k must be between 1 and {n}, got {k}")
@@ -94,7 +110,8 @@ def expected_extreme(rewards: Sequence[float], k: int, *, best: bool) -> float:
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k: the chance that at least one of ``k`` of ``n`` samples (``c`` correct) passes."""
+    """Unbiased pass@k: the chance that at least one of ``k`` of ``n`` samples (``c`` correct)
+    passes."""
     if not 0 <= c <= n or not 1 <= k <= n:
         raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n (n={n}, c={c}, k={k})")
     if n - c < k:
@@ -104,19 +121,27 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def eval_ks(n: int) -> list[int]:
     """The k values reported for n samples: powers of two below n, then n itself."""
-    ks = [k for k in (2 ** i for i in range(1, 12)) if k < n]
+    ks = [k for k in (2**i for i in range(1, 12)) if k < n]
     return [*ks, n] if n >= 1 else []
 
 
-def eval_metrics(groups: Mapping[str, Sequence[float]], *, pass_threshold: float = 1.0) -> dict[str, float]:
-    """mean@n, std@n, best@k, worst@k and pass@k averaged over tasks; n is the largest group's size."""
+def eval_metrics(
+    groups: Mapping[str, Sequence[float]], *, pass_threshold: float = 1.0
+) -> dict[str, float]:
+    """mean@n, std@n, best@k, worst@k and pass@k averaged over tasks; n is the largest group's
+    size."""
     tasks = [[float(r) for r in rs] for rs in groups.values() if rs]
     if not tasks:
         return {}
     n = max(len(rs) for rs in tasks)
-    out = {f"mean@{n}": _mean([_mean(rs) for rs in tasks]), f"std@{n}": _mean([_pstd(rs) for rs in tasks])}
+    out = {
+        f"mean@{n}": _mean([_mean(rs) for rs in tasks]),
+        f"std@{n}": _mean([_pstd(rs) for rs in tasks]),
+    }
     for k in eval_ks(min(len(rs) for rs in tasks)):  # a k every task has samples for
         out[f"best@{k}"] = _mean([expected_extreme(rs, k, best=True) for rs in tasks])
         out[f"worst@{k}"] = _mean([expected_extreme(rs, k, best=False) for rs in tasks])
-        out[f"pass@{k}"] = _mean([pass_at_k(len(rs), sum(r >= pass_threshold for r in rs), k) for rs in tasks])
+        out[f"pass@{k}"] = _mean(
+            [pass_at_k(len(rs), sum(r >= pass_threshold for r in rs), k) for rs in tasks]
+        )
     return out

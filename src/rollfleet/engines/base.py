@@ -113,8 +113,11 @@ class Generation:
         if self.reported_usage is not None:
             return self.reported_usage
         prompt, completion = len(self.prompt_token_ids), len(self.completion_token_ids)
-        return {"prompt_tokens": prompt, "completion_tokens": completion,
-                "total_tokens": prompt + completion}
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
 
 
 StreamItem = Delta | Generation
@@ -200,7 +203,9 @@ class BaseEngine:
 
     async def chat(self, messages: list[Message], **params: Any) -> Generation:
         """Convenience: one chat request with keyword sampling parameters."""
-        return await self.generate(GenerationRequest(messages=messages, params=SamplingParams(**params)))
+        return await self.generate(
+            GenerationRequest(messages=messages, params=SamplingParams(**params))
+        )
 
     async def health(self) -> bool:
         """True when the engine can serve a request now (subclasses refine)."""
@@ -210,9 +215,24 @@ class BaseEngine:
         """Describe the engine."""
         return EngineInfo(self.name, self.model, self._version, self.max_concurrency, True)
 
-    def result(self, request: GenerationRequest, text: str, prompt_ids: list[int],
-               completion_ids: list[int], logprobs: list[float] | None,
-               finish: FinishReason) -> Generation:
+    def result(
+        self,
+        request: GenerationRequest,
+        text: str,
+        prompt_ids: list[int],
+        completion_ids: list[int],
+        logprobs: list[float] | None,
+        finish: FinishReason,
+    ) -> Generation:
         """Build the final Generation for ``request`` stamped with this engine's identity."""
-        return Generation(request.request_id, text, prompt_ids, completion_ids, logprobs, finish,
-                          self.name, self.model, self._version)
+        return Generation(
+            request.request_id,
+            text,
+            prompt_ids,
+            completion_ids,
+            logprobs,
+            finish,
+            self.name,
+            self.model,
+            self._version,
+        )

@@ -85,8 +85,15 @@ def flatten_bucket(bucket: Bucket[Any]) -> tuple[Any, list[TensorMeta]]:
     offset = 0
     for name, tensor in bucket.items:
         flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-        metas.append(TensorMeta(name, str(tensor.dtype).removeprefix("torch."),
-                                tuple(tensor.shape), offset, flat.numel()))
+        metas.append(
+            TensorMeta(
+                name,
+                str(tensor.dtype).removeprefix("torch."),
+                tuple(tensor.shape),
+                offset,
+                flat.numel(),
+            )
+        )
         parts.append(flat)
         offset += flat.numel()
     buffer = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
@@ -99,7 +106,7 @@ def unflatten_bucket(buffer: Any, metas: list[TensorMeta]) -> list[tuple[str, An
 
     out = []
     for meta in metas:
-        raw = buffer[meta.offset: meta.offset + meta.nbytes]
+        raw = buffer[meta.offset : meta.offset + meta.nbytes]
         dtype = getattr(torch, meta.dtype)
         out.append((meta.name, raw.view(dtype).reshape(meta.shape)))
     return out

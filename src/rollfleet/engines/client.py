@@ -18,8 +18,9 @@ def gateway_v1_url(base_url: str) -> str:
     return base if base.endswith("/v1") else base + "/v1"
 
 
-def llm_client(base_url: str, rollout_id: str, attempt_id: str, token: str | None = None,
-               **kwargs: Any) -> Any:
+def llm_client(
+    base_url: str, rollout_id: str, attempt_id: str, token: str | None = None, **kwargs: Any
+) -> Any:
     """An ``openai.AsyncOpenAI`` for the gateway at ``base_url`` that tags every call.
 
     Calls carry ``X-Rollfleet-Rollout``/``X-Rollfleet-Attempt`` so the gateway records them
@@ -28,8 +29,16 @@ def llm_client(base_url: str, rollout_id: str, attempt_id: str, token: str | Non
     """
     import openai
 
-    headers = {ROLLOUT_HEADER: rollout_id, ATTEMPT_HEADER: attempt_id,
-               **kwargs.pop("default_headers", {})}
-    return openai.AsyncOpenAI(base_url=gateway_v1_url(base_url), api_key=token or "rollfleet",
-                              default_headers=headers, timeout=kwargs.pop("timeout", LLM_TIMEOUT),
-                              max_retries=kwargs.pop("max_retries", 0), **kwargs)
+    headers = {
+        ROLLOUT_HEADER: rollout_id,
+        ATTEMPT_HEADER: attempt_id,
+        **kwargs.pop("default_headers", {}),
+    }
+    return openai.AsyncOpenAI(
+        base_url=gateway_v1_url(base_url),
+        api_key=token or "rollfleet",
+        default_headers=headers,
+        timeout=kwargs.pop("timeout", LLM_TIMEOUT),
+        max_retries=kwargs.pop("max_retries", 0),
+        **kwargs,
+    )

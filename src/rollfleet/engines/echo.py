@@ -12,7 +12,13 @@ import asyncio
 from collections.abc import AsyncIterator, Iterable
 
 from rollfleet.engines.base import (
-    BaseEngine, Delta, FinishReason, GenerationRequest, StreamItem, WeightSource, message_text,
+    BaseEngine,
+    Delta,
+    FinishReason,
+    GenerationRequest,
+    StreamItem,
+    WeightSource,
+    message_text,
 )
 
 
@@ -21,8 +27,9 @@ class EchoEngine(BaseEngine):
 
     name = "echo"
 
-    def __init__(self, model: str = "echo", *, token_delay_s: float = 0.0,
-                 max_concurrency: int = 8) -> None:
+    def __init__(
+        self, model: str = "echo", *, token_delay_s: float = 0.0, max_concurrency: int = 8
+    ) -> None:
         super().__init__(model)
         self.token_delay_s, self.max_concurrency = token_delay_s, max_concurrency
         self._aborted: dict[str, asyncio.Event] = {}
@@ -59,21 +66,26 @@ class EchoEngine(BaseEngine):
                 if self.token_delay_s:
                     try:
                         await asyncio.wait_for(aborted.wait(), self.token_delay_s)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         pass
                 if aborted.is_set():
                     reason = FinishReason.ABORT
                     break
                 out.append(ord(char))
                 yield Delta(char, (ord(char),), (0.0,))
-            yield self.result(request, "".join(map(chr, out)), prompt_ids, out,
-                              [0.0] * len(out), reason)
+            yield self.result(
+                request, "".join(map(chr, out)), prompt_ids, out, [0.0] * len(out), reason
+            )
         finally:
             self._aborted.pop(request.request_id, None)
 
     async def abort(self, request_ids: Iterable[str] | None = None) -> int:
         """Abort the named requests (all when None)."""
-        ids = list(self._aborted) if request_ids is None else [r for r in request_ids if r in self._aborted]
+        ids = (
+            list(self._aborted)
+            if request_ids is None
+            else [r for r in request_ids if r in self._aborted]
+        )
         for request_id in ids:
             self._aborted[request_id].set()
         return len(ids)

@@ -22,20 +22,29 @@ class EngineKind(str, enum.Enum):
     SGLANG = "sglang"
 
 
-def make_engine(kind: EngineKind | str, *, model: str | None = None, url: str | None = None,
-                port: int = 8000, index: int = 0) -> Engine:
+def make_engine(
+    kind: EngineKind | str,
+    *,
+    model: str | None = None,
+    url: str | None = None,
+    port: int = 8000,
+    index: int = 0,
+) -> Engine:
     """An engine of ``kind`` (not started); ``index`` offsets ports for several replicas."""
     kind = EngineKind(kind)
     if kind is EngineKind.LLAMACPP:
         from rollfleet.engines.llamacpp import LlamaCppEngine
+
         return LlamaCppEngine(model)
     if kind is EngineKind.HF:
         from rollfleet.engines.hf import HFEngine, tiny_hf_model
+
         if not model or model == "tiny":
             return HFEngine(*tiny_hf_model())
         return HFEngine(model)
     if kind is EngineKind.OPENAI:
         from rollfleet.engines.openai_engine import OpenAIEngine
+
         if not url:
             raise InvalidInput("engine 'openai' needs --engine-url (the server's base URL)")
         return OpenAIEngine(url, model)
@@ -43,14 +52,22 @@ def make_engine(kind: EngineKind | str, *, model: str | None = None, url: str | 
         raise InvalidInput(f"engine {kind.value!r} needs --model (a model name or path)")
     if kind is EngineKind.VLLM:
         from rollfleet.engines.vllm import VLLMEngine
+
         return VLLMEngine(model, port=port + index)
     from rollfleet.engines.sglang import SGLangEngine
+
     return SGLangEngine(model, port=port + index)
 
 
-async def build_gateway(kind: EngineKind | str = EngineKind.LLAMACPP, *, replicas: int = 1,
-                        model: str | None = None, url: str | None = None,
-                        recorder: Recorder | None = None, engine_port: int = 8000) -> Gateway:
+async def build_gateway(
+    kind: EngineKind | str = EngineKind.LLAMACPP,
+    *,
+    replicas: int = 1,
+    model: str | None = None,
+    url: str | None = None,
+    recorder: Recorder | None = None,
+    engine_port: int = 8000,
+) -> Gateway:
     """Start ``replicas`` engines of ``kind`` and a gateway routing to them."""
     if replicas < 1:
         raise InvalidInput(f"--replicas must be at least 1, got {replicas}")

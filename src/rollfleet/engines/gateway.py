@@ -53,9 +53,16 @@ class Replica:
     def describe(self) -> dict[str, Any]:
         """JSON-ready view for the API and dashboard."""
         info = self.engine.info()
-        return {"replica_id": self.replica_id, "engine": info.engine, "model": info.model,
-                "weights_version": info.weights_version, "capacity": self.capacity,
-                "in_flight": self.in_flight, "served": self.served, "draining": self.draining}
+        return {
+            "replica_id": self.replica_id,
+            "engine": info.engine,
+            "model": info.model,
+            "weights_version": info.weights_version,
+            "capacity": self.capacity,
+            "in_flight": self.in_flight,
+            "served": self.served,
+            "draining": self.draining,
+        }
 
 
 class Router:
@@ -101,8 +108,13 @@ class _Flight:
 class Gateway:
     """Routes OpenAI-style calls to engine replicas and records them as Steps."""
 
-    def __init__(self, recorder: Recorder | None = None, *, rng: random.Random | None = None,
-                 abort_wait_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        recorder: Recorder | None = None,
+        *,
+        rng: random.Random | None = None,
+        abort_wait_s: float = 5.0,
+    ) -> None:
         self.recorder = recorder
         self.router = Router(rng)
         self.abort_wait_s = abort_wait_s
@@ -120,8 +132,9 @@ class Gateway:
         log.info("gateway: added replica %s (%s, capacity %d)", replica_id, engine.name, capacity)
         return replica_id
 
-    async def remove_replica(self, replica_id: str, *, abort: bool = False,
-                             stop: bool = True) -> Engine:
+    async def remove_replica(
+        self, replica_id: str, *, abort: bool = False, stop: bool = True
+    ) -> Engine:
         """Stop routing to a replica, let (or make) its calls finish, optionally stop it."""
         replica = self.router.replicas.get(replica_id)
         if replica is None:
@@ -152,8 +165,12 @@ class Gateway:
             await self.remove_replica(replica_id, abort=True)
 
     # -- calls -------------------------------------------------------------------------
-    async def stream(self, request: GenerationRequest, rollout_id: str | None = None,
-                     attempt_id: str | None = None) -> AsyncGenerator[StreamItem, None]:
+    async def stream(
+        self,
+        request: GenerationRequest,
+        rollout_id: str | None = None,
+        attempt_id: str | None = None,
+    ) -> AsyncGenerator[StreamItem, None]:
         """Route and run ``request``; yield deltas, record the call, then yield the result."""
         replica = self.router.pick(rollout_id)
         flight = _Flight(request, replica, rollout_id)
@@ -164,16 +181,21 @@ class Gateway:
             async for item in replica.engine.stream(request):
                 if isinstance(item, Generation):
                     replica.served += 1
-                    await self._record(rollout_id, attempt_id, request, item,
-                                       time.monotonic() - started, replica)
+                    await self._record(
+                        rollout_id, attempt_id, request, item, time.monotonic() - started, replica
+                    )
                 yield item
         finally:
             replica.in_flight -= 1
             self._flights.pop(request.request_id, None)
             flight.done.set()
 
-    async def generate(self, request: GenerationRequest, rollout_id: str | None = None,
-                       attempt_id: str | None = None) -> Generation:
+    async def generate(
+        self,
+        request: GenerationRequest,
+        rollout_id: str | None = None,
+        attempt_id: str | None = None,
+    ) -> Generation:
         """Route and run ``request`` to its end."""
         result: Generation | None = None
         async for item in self.stream(request, rollout_id, attempt_id):
@@ -192,8 +214,9 @@ class Gateway:
         for replica_id, ids in by_replica.items():
             await self.router.replicas[replica_id].engine.abort(ids)
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.gather(*(f.done.wait() for f in flights)),
-                                   self.abort_wait_s)
+            await asyncio.wait_for(
+                asyncio.gather(*(f.done.wait() for f in flights)), self.abort_wait_s
+            )
         if flights:
             log.info("gateway: aborted %d call(s) of rollout %s", len(flights), rollout_id)
         return len(flights)
@@ -203,19 +226,28 @@ class Gateway:
         """Calls in progress across every replica."""
         return len(self._flights)
 
-    async def _record(self, rollout_id: str | None, attempt_id: str | None,
-                      request: GenerationRequest, result: Generation, latency_s: float,
-                      replica: Replica) -> None:
+    async def _record(
+        self,
+        rollout_id: str | None,
+        attempt_id: str | None,
+        request: GenerationRequest,
+        result: Generation,
+        latency_s: float,
+        replica: Replica,
+    ) -> None:
         if self.recorder is None or not rollout_id or not attempt_id:
             return
-        step = StepIn(kind="llm", payload=step_payload(request, result, latency_s,
-                                                         replica.replica_id),
-                      timestamp=time.time())
+        step = StepIn(
+            kind="llm",
+            payload=step_payload(request, result, latency_s, replica.replica_id),
+            timestamp=time.time(),
+        )
         await self.recorder(rollout_id, attempt_id, step)
 
 
-def step_payload(request: GenerationRequest, result: Generation, latency_s: float,
-                 replica_id: str) -> dict[str, Any]:
+def step_payload(
+    request: GenerationRequest, result: Generation, latency_s: float, replica_id: str
+) -> dict[str, Any]:
     """The Step payload recorded for one LLM call."""
     params = request.params
     return {
@@ -233,6 +265,10 @@ def step_payload(request: GenerationRequest, result: Generation, latency_s: floa
         "replica": replica_id,
         "weights_version": result.weights_version,
         "usage": result.usage,
-        "sampling": {"max_tokens": params.max_tokens, "temperature": params.temperature,
-                     "top_p": params.top_p, "seed": params.seed},
+        "sampling": {
+            "max_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "seed": params.seed,
+        },
     }

@@ -52,9 +52,15 @@ class _Body(BaseModel):
     def params(self, logprobs: bool) -> SamplingParams:
         """Sampling parameters for the engine."""
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-        return SamplingParams(max_tokens=self.max_completion_tokens or self.max_tokens or 256,
-                              temperature=self.temperature, top_p=self.top_p, seed=self.seed,
-                              stop=stop, logprobs=logprobs, ignore_eos=self.ignore_eos)
+        return SamplingParams(
+            max_tokens=self.max_completion_tokens or self.max_tokens or 256,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=self.seed,
+            stop=stop,
+            logprobs=logprobs,
+            ignore_eos=self.ignore_eos,
+        )
 
 
 class ChatBody(_Body):
@@ -82,13 +88,16 @@ def _parse(model: type[BaseModel], raw: bytes) -> Any:
 
 def _error(exc: RollfleetError) -> JSONResponse:
     kind = type(exc).__name__
-    return JSONResponse({"error": {"message": exc.message, "type": kind, "code": kind}},
-                        status_code=exc.status_code)
+    return JSONResponse(
+        {"error": {"message": exc.message, "type": kind, "code": kind}}, status_code=exc.status_code
+    )
 
 
 def _token_logprobs(result: Generation | Delta, ids: Any, lps: Any) -> list[dict[str, Any]]:
-    return [{"token": f"token_id:{t}", "logprob": lp, "bytes": None, "top_logprobs": []}
-            for t, lp in zip(ids, lps)]
+    return [
+        {"token": f"token_id:{t}", "logprob": lp, "bytes": None, "top_logprobs": []}
+        for t, lp in zip(ids, lps, strict=False)
+    ]
 
 
 class _Shaper:
@@ -101,39 +110,63 @@ class _Shaper:
         self.object = "chat.completion" if self.chat else "text_completion"
 
     def _frame(self, choice: dict[str, Any], obj: str) -> dict[str, Any]:
-        return {"id": self.request.request_id, "object": obj, "created": self.created,
-                "model": self.body.model or "", "choices": [choice]}
+        return {
+            "id": self.request.request_id,
+            "object": obj,
+            "created": self.created,
+            "model": self.body.model or "",
+            "choices": [choice],
+        }
 
     def full(self, g: Generation) -> dict[str, Any]:
         """The non-streaming response."""
-        choice: dict[str, Any] = {"index": 0, "finish_reason": g.finish_reason.value,
-                                  "token_ids": g.completion_token_ids}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "finish_reason": g.finish_reason.value,
+            "token_ids": g.completion_token_ids,
+        }
         logprobs = self._logprobs(g, g.completion_token_ids, g.logprobs or [])
         if self.chat:
             choice.update(message={"role": "assistant", "content": g.text}, logprobs=logprobs)
         else:
             choice.update(text=g.text, logprobs=logprobs)
         body = self._frame(choice, self.object)
-        body.update(model=g.model, usage=g.usage, prompt_token_ids=g.prompt_token_ids,
-                    rollfleet={"engine": g.engine, "weights_version": g.weights_version})
+        body.update(
+            model=g.model,
+            usage=g.usage,
+            prompt_token_ids=g.prompt_token_ids,
+            rollfleet={"engine": g.engine, "weights_version": g.weights_version},
+        )
         return body
 
     def chunk(self, d: Delta) -> dict[str, Any]:
         """One streamed chunk for a delta."""
-        choice: dict[str, Any] = {"index": 0, "finish_reason": None, "token_ids": list(d.token_ids),
-                                  "logprobs": self._logprobs(d, d.token_ids, d.logprobs)}
-        choice.update({"delta": {"role": "assistant", "content": d.text}} if self.chat else {"text": d.text})
+        choice: dict[str, Any] = {
+            "index": 0,
+            "finish_reason": None,
+            "token_ids": list(d.token_ids),
+            "logprobs": self._logprobs(d, d.token_ids, d.logprobs),
+        }
+        choice.update(
+            {"delta": {"role": "assistant", "content": d.text}} if self.chat else {"text": d.text}
+        )
         return self._frame(choice, f"{self.object}.chunk" if self.chat else self.object)
 
     def last(self, g: Generation) -> list[dict[str, Any]]:
         """The closing chunk (finish reason), and the usage chunk when asked for."""
-        choice: dict[str, Any] = {"index": 0, "finish_reason": g.finish_reason.value, "logprobs": None}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "finish_reason": g.finish_reason.value,
+            "logprobs": None,
+        }
         if self.chat:
             choice["delta"] = {}
         else:
             choice["text"] = ""
         obj = f"{self.object}.chunk" if self.chat else self.object
-        frames = [self._frame(choice, obj) | {"model": g.model, "prompt_token_ids": g.prompt_token_ids}]
+        frames = [
+            self._frame(choice, obj) | {"model": g.model, "prompt_token_ids": g.prompt_token_ids}
+        ]
         if (self.body.stream_options or {}).get("include_usage"):
             frames.append(self._frame(choice, obj) | {"choices": [], "usage": g.usage})
         return frames
@@ -144,16 +177,25 @@ class _Shaper:
         entries = _token_logprobs(item, ids, lps)
         if self.chat:
             return {"content": entries}
-        return {"tokens": [e["token"] for e in entries], "token_logprobs": list(lps),
-                "top_logprobs": None, "text_offset": []}
+        return {
+            "tokens": [e["token"] for e in entries],
+            "token_logprobs": list(lps),
+            "top_logprobs": None,
+            "text_offset": [],
+        }
 
 
 def _sse(payload: Any) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-async def _events(gateway: Gateway, request: GenerationRequest, shaper: _Shaper,
-                  rollout: str | None, attempt: str | None) -> AsyncIterator[bytes]:
+async def _events(
+    gateway: Gateway,
+    request: GenerationRequest,
+    shaper: _Shaper,
+    rollout: str | None,
+    attempt: str | None,
+) -> AsyncIterator[bytes]:
     async with contextlib.aclosing(gateway.stream(request, rollout, attempt)) as items:
         try:
             async for item in items:
@@ -177,44 +219,64 @@ def gateway_router(gateway: Gateway, token: str | None = None) -> APIRouter:
             if chat:
                 body: _Body = _parse(ChatBody, raw)
                 want = bool(body.logprobs)  # type: ignore[attr-defined]
-                request = GenerationRequest(messages=body.messages, params=body.params(want),  # type: ignore[attr-defined]
-                                            model=body.model)
+                request = GenerationRequest(
+                    messages=body.messages,
+                    params=body.params(want),  # type: ignore[attr-defined]
+                    model=body.model,
+                )
             else:
                 body = _parse(CompletionBody, raw)
                 want = body.logprobs is not None  # type: ignore[attr-defined]
-                request = GenerationRequest(prompt=body.prompt, params=body.params(want),  # type: ignore[attr-defined]
-                                            model=body.model)
+                request = GenerationRequest(
+                    prompt=body.prompt,
+                    params=body.params(want),  # type: ignore[attr-defined]
+                    model=body.model,
+                )
             shaper = _Shaper(request, body, want)
             if body.stream:
-                return StreamingResponse(_events(gateway, request, shaper, rollout, attempt),
-                                         media_type="text/event-stream")
+                return StreamingResponse(
+                    _events(gateway, request, shaper, rollout, attempt),
+                    media_type="text/event-stream",
+                )
             result = await gateway.generate(request, rollout, attempt)
             return Response(orjson.dumps(shaper.full(result)), media_type="application/json")
         except RollfleetError as exc:
             return _error(exc)
 
-    def ids(request: Request, rollout: str | None, attempt: str | None) -> tuple[str | None, str | None]:
-        return (rollout or request.headers.get(ROLLOUT_HEADER),
-                attempt or request.headers.get(ATTEMPT_HEADER))
+    def ids(
+        request: Request, rollout: str | None, attempt: str | None
+    ) -> tuple[str | None, str | None]:
+        return (
+            rollout or request.headers.get(ROLLOUT_HEADER),
+            attempt or request.headers.get(ATTEMPT_HEADER),
+        )
 
     for prefix in ("", "/r/{rollout_id}/{attempt_id}"):
+
         @router.post(prefix + "/v1/chat/completions")
-        async def chat(request: Request, rollout_id: str | None = None,
-                       attempt_id: str | None = None) -> Response:
+        async def chat(
+            request: Request, rollout_id: str | None = None, attempt_id: str | None = None
+        ) -> Response:
             """OpenAI chat completions (streaming too)."""
             return await run(await request.body(), True, *ids(request, rollout_id, attempt_id))
 
         @router.post(prefix + "/v1/completions")
-        async def complete(request: Request, rollout_id: str | None = None,
-                           attempt_id: str | None = None) -> Response:
+        async def complete(
+            request: Request, rollout_id: str | None = None, attempt_id: str | None = None
+        ) -> Response:
             """OpenAI text completions (streaming too)."""
             return await run(await request.body(), False, *ids(request, rollout_id, attempt_id))
 
         @router.get(prefix + "/v1/models")
         async def models() -> dict[str, Any]:
             """The models the replicas serve."""
-            return {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "rollfleet",
-                                                "created": 0} for m in gateway.models()]}
+            return {
+                "object": "list",
+                "data": [
+                    {"id": m, "object": "model", "owned_by": "rollfleet", "created": 0}
+                    for m in gateway.models()
+                ],
+            }
 
     @router.post("/v1/rollfleet/abort/{rollout_id}")
     async def abort(rollout_id: str) -> dict[str, Any]:
@@ -229,7 +291,9 @@ def gateway_router(gateway: Gateway, token: str | None = None) -> APIRouter:
     return router
 
 
-def gateway_app(gateway: Gateway, token: str | None = None, *, close_on_shutdown: bool = True) -> FastAPI:
+def gateway_app(
+    gateway: Gateway, token: str | None = None, *, close_on_shutdown: bool = True
+) -> FastAPI:
     """A standalone FastAPI app serving only the gateway."""
 
     @contextlib.asynccontextmanager
@@ -245,8 +309,10 @@ def gateway_app(gateway: Gateway, token: str | None = None, *, close_on_shutdown
     async def health() -> JSONResponse:
         """200 while at least one replica is healthy (no token needed)."""
         states = [await r.engine.health() for r in gateway.router.replicas.values()]
-        return JSONResponse({"healthy": sum(states), "replicas": len(states)},
-                            status_code=200 if any(states) else 503)
+        return JSONResponse(
+            {"healthy": sum(states), "replicas": len(states)},
+            status_code=200 if any(states) else 503,
+        )
 
     @app.exception_handler(RollfleetError)
     async def rollfleet_error(request: Request, exc: RollfleetError) -> JSONResponse:
@@ -255,18 +321,27 @@ def gateway_app(gateway: Gateway, token: str | None = None, *, close_on_shutdown
     return app
 
 
-def _server(gateway: Gateway, host: str, port: int, token: str | None,
-            close_on_shutdown: bool) -> Any:
+def _server(
+    gateway: Gateway, host: str, port: int, token: str | None, close_on_shutdown: bool
+) -> Any:
     import uvicorn
 
     app = gateway_app(gateway, token, close_on_shutdown=close_on_shutdown)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", http=nodelay_http_protocol(),
-                            timeout_keep_alive=75, lifespan="on")
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        http=nodelay_http_protocol(),
+        timeout_keep_alive=75,
+        lifespan="on",
+    )
     return uvicorn.Server(config)
 
 
-async def serve_gateway(gateway: Gateway, host: str = "127.0.0.1", port: int = 8100,
-                        token: str | None = None) -> None:
+async def serve_gateway(
+    gateway: Gateway, host: str = "127.0.0.1", port: int = 8100, token: str | None = None
+) -> None:
     """Serve the gateway over HTTP until interrupted; the replicas stop with it."""
     log.info("gateway: listening on http://%s:%d/v1", host, port)
     await _server(gateway, host, port, token, close_on_shutdown=True).serve()

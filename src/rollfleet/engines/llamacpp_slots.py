@@ -14,7 +14,13 @@ import os
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
-from rollfleet.engines.base import BaseEngine, EngineInfo, GenerationRequest, StreamItem, WeightSource
+from rollfleet.engines.base import (
+    BaseEngine,
+    EngineInfo,
+    GenerationRequest,
+    StreamItem,
+    WeightSource,
+)
 from rollfleet.engines.llamacpp import LlamaCppEngine
 from rollfleet.engines.llamacpp_model import bundled_gguf
 
@@ -24,16 +30,24 @@ class LlamaCppSlotsEngine(BaseEngine):
 
     name = "llamacpp-slots"
 
-    def __init__(self, model_path: str | Path | None = None, *, slots: int = 4,
-                 ctx_per_seq: int = 2048, threads: int | None = None,
-                 seqs_per_slot: int = 1) -> None:
+    def __init__(
+        self,
+        model_path: str | Path | None = None,
+        *,
+        slots: int = 4,
+        ctx_per_seq: int = 2048,
+        threads: int | None = None,
+        seqs_per_slot: int = 1,
+    ) -> None:
         path = Path(model_path) if model_path else bundled_gguf()
         super().__init__(path.stem)
         cores = threads or max(1, len(os.sched_getaffinity(0)))
         per_slot = max(1, cores // slots)
         self.max_concurrency = slots * seqs_per_slot
-        self.slots = [LlamaCppEngine(path, slots=seqs_per_slot, ctx_per_seq=ctx_per_seq,
-                                     threads=per_slot) for _ in range(slots)]
+        self.slots = [
+            LlamaCppEngine(path, slots=seqs_per_slot, ctx_per_seq=ctx_per_seq, threads=per_slot)
+            for _ in range(slots)
+        ]
         self._owner: dict[str, LlamaCppEngine] = {}
 
     async def start(self) -> None:

@@ -20,7 +20,13 @@ import httpx
 import orjson
 
 from rollfleet.engines.base import (
-    BaseEngine, Delta, EngineInfo, FinishReason, Generation, GenerationRequest, StreamItem,
+    BaseEngine,
+    Delta,
+    EngineInfo,
+    FinishReason,
+    Generation,
+    GenerationRequest,
+    StreamItem,
     WeightSource,
 )
 from rollfleet.errors import EngineError
@@ -51,7 +57,9 @@ class _Accumulated:
         choice = chunk["choices"][0]
         self.prompt_ids.extend(choice.get("prompt_token_ids") or [])
         self.finish = choice.get("finish_reason") or self.finish
-        text = (choice.get("delta") or {}).get("content") or "" if chat else choice.get("text") or ""
+        text = (
+            (choice.get("delta") or {}).get("content") or "" if chat else choice.get("text") or ""
+        )
         ids = tuple(choice.get("token_ids") or ())
         lps = tuple(_logprobs(choice.get("logprobs"), chat))
         self.text += text
@@ -74,8 +82,15 @@ class OpenAIEngine(BaseEngine):
 
     name = "openai"
 
-    def __init__(self, base_url: str, model: str | None = None, *, api_key: str | None = None,
-                 max_concurrency: int = 64, extra_body: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None = None,
+        *,
+        api_key: str | None = None,
+        max_concurrency: int = 64,
+        extra_body: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(model or "")
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.api_key, self.max_concurrency = api_key, max_concurrency
@@ -86,8 +101,9 @@ class OpenAIEngine(BaseEngine):
     async def start(self) -> None:
         """Open the HTTP client and learn the served model name if none was given."""
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        self._client = httpx.AsyncClient(base_url=self.base_url, timeout=NO_READ_TIMEOUT,
-                                         headers=headers)
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url, timeout=NO_READ_TIMEOUT, headers=headers
+        )
         if not self.model:
             self.model = await self._first_model()
         log.info("%s: using %s at %s", self.name, self.model, self.base_url)
@@ -98,8 +114,9 @@ class OpenAIEngine(BaseEngine):
             response.raise_for_status()
             return str(response.json()["data"][0]["id"])
         except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
-            raise EngineError(f"{self.name}: cannot list models at {self.base_url}/v1/models:"
-                              f" {exc}") from exc
+            raise EngineError(
+                f"{self.name}: cannot list models at {self.base_url}/v1/models: {exc}"
+            ) from exc
 
     @property
     def client(self) -> httpx.AsyncClient:
@@ -124,8 +141,14 @@ class OpenAIEngine(BaseEngine):
 
     def info(self) -> EngineInfo:
         """Describe the engine."""
-        return EngineInfo(self.name, self.model, self.version, self.max_concurrency,
-                          self._client is not None, self.base_url)
+        return EngineInfo(
+            self.name,
+            self.model,
+            self.version,
+            self.max_concurrency,
+            self._client is not None,
+            self.base_url,
+        )
 
     @property
     def in_flight(self) -> int:
@@ -135,9 +158,14 @@ class OpenAIEngine(BaseEngine):
     def body(self, request: GenerationRequest) -> dict[str, Any]:
         """The JSON body sent to the server for ``request``."""
         p = request.params
-        body: dict[str, Any] = {"model": request.model or self.model, "stream": True,
-                                "max_tokens": p.max_tokens, "temperature": p.temperature,
-                                "top_p": p.top_p, "stream_options": {"include_usage": True}}
+        body: dict[str, Any] = {
+            "model": request.model or self.model,
+            "stream": True,
+            "max_tokens": p.max_tokens,
+            "temperature": p.temperature,
+            "top_p": p.top_p,
+            "stream_options": {"include_usage": True},
+        }
         if p.seed is not None:
             body["seed"] = p.seed
         if p.stop:
@@ -161,7 +189,9 @@ class OpenAIEngine(BaseEngine):
         try:
             while (item := await chunks.get()) not in (_END, _ABORTED):
                 if isinstance(item, BaseException):
-                    raise EngineError(f"{self.name}: request to {self.base_url} failed: {item}") from item
+                    raise EngineError(
+                        f"{self.name}: request to {self.base_url} failed: {item}"
+                    ) from item
                 if delta := acc.add(item, request.is_chat):
                     yield delta
             yield self._result(request, acc, item is _ABORTED)
@@ -196,20 +226,36 @@ class OpenAIEngine(BaseEngine):
     def _result(self, request: GenerationRequest, acc: _Accumulated, aborted: bool) -> Generation:
         reason = FinishReason.ABORT if aborted else _finish_reason(acc.finish)
         usage = None if acc.out_ids and acc.prompt_ids else acc.usage
-        return Generation(request.request_id, acc.text, acc.prompt_ids, acc.out_ids,
-                          acc.logprobs or None, reason, self.name, self.model, self.version, usage)
+        return Generation(
+            request.request_id,
+            acc.text,
+            acc.prompt_ids,
+            acc.out_ids,
+            acc.logprobs or None,
+            reason,
+            self.name,
+            self.model,
+            self.version,
+            usage,
+        )
 
     async def abort(self, request_ids: Iterable[str] | None = None) -> int:
         """Stop reading the named requests (closing their connections); return how many."""
-        ids = list(self._tasks) if request_ids is None else [r for r in request_ids if r in self._tasks]
+        ids = (
+            list(self._tasks)
+            if request_ids is None
+            else [r for r in request_ids if r in self._tasks]
+        )
         for request_id in ids:
             self._tasks[request_id].cancel()
         return len(ids)
 
     async def update_weights(self, weights: WeightSource, version: int | None = None) -> int:
         """A generic OpenAI server has no weight-update endpoint."""
-        raise EngineError(f"{self.name}: a generic OpenAI server cannot load weights; use the"
-                          " vllm or sglang engine, or restart the server with new weights")
+        raise EngineError(
+            f"{self.name}: a generic OpenAI server cannot load weights; use the"
+            " vllm or sglang engine, or restart the server with new weights"
+        )
 
     async def post_json(self, path: str, body: dict[str, Any]) -> Any:
         """POST ``body`` to a server endpoint; EngineError on failure."""
@@ -218,8 +264,9 @@ class OpenAIEngine(BaseEngine):
         except httpx.HTTPError as exc:
             raise EngineError(f"{self.name}: POST {path} failed: {exc}") from exc
         if response.status_code >= 400:
-            raise EngineError(f"{self.name}: POST {path} answered {response.status_code}:"
-                              f" {response.text[:500]}")
+            raise EngineError(
+                f"{self.name}: POST {path} answered {response.status_code}: {response.text[:500]}"
+            )
         return response.json() if response.content else None
 
 

@@ -26,9 +26,16 @@ TAIL_LINES = 40
 class ServerProcess:
     """One server child process with a health URL, a start-up timeout and a clean stop."""
 
-    def __init__(self, name: str, argv: Sequence[str], health_url: str, *,
-                 startup_timeout_s: float = 600.0, env: Mapping[str, str] | None = None,
-                 cwd: str | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        health_url: str,
+        *,
+        startup_timeout_s: float = 600.0,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> None:
         self.name = name
         self.argv = list(argv)
         self.health_url = health_url
@@ -58,18 +65,24 @@ class ServerProcess:
         log.info("%s: launching %s", self.name, " ".join(self.argv))
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                *self.argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-                env=self.env, cwd=self.cwd, start_new_session=True)
+                *self.argv,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                env=self.env,
+                cwd=self.cwd,
+                start_new_session=True,
+            )
         except OSError as exc:
             raise EngineError(f"{self.name}: cannot launch {self.argv[0]!r}: {exc}") from exc
         self._reader = asyncio.create_task(self._read_output(), name=f"{self.name}-output")
         try:
             await asyncio.wait_for(self._wait_healthy(), self.startup_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await self.stop()
             raise EngineError(
                 f"{self.name}: not healthy at {self.health_url} after {self.startup_timeout_s:g} s;"
-                f" killed the server process. Last output:\n{self.output()}") from None
+                f" killed the server process. Last output:\n{self.output()}"
+            ) from None
         except BaseException:
             await self.stop()
             raise
@@ -84,7 +97,8 @@ class ServerProcess:
                     await self._drain_output()
                     raise EngineError(
                         f"{self.name}: server exited with code {self.proc.returncode} before"
-                        f" becoming healthy. Last output:\n{self.output()}")
+                        f" becoming healthy. Last output:\n{self.output()}"
+                    )
                 if await self._probe(client):
                     return
                 with contextlib.suppress(asyncio.TimeoutError):
@@ -118,7 +132,7 @@ class ServerProcess:
             self._signal(signal.SIGTERM)
             try:
                 await asyncio.wait_for(self.proc.wait(), grace_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self._signal(signal.SIGKILL)
                 await self.proc.wait()
         self._signal(signal.SIGKILL)  # stragglers left in the group

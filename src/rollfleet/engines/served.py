@@ -19,14 +19,26 @@ class ServedEngine(OpenAIEngine):
 
     health_path = "/health"
 
-    def __init__(self, model: str, *, host: str = "127.0.0.1", port: int = 8000,
-                 extra_args: Sequence[str] = (), startup_timeout_s: float = 900.0,
-                 env: dict[str, str] | None = None, max_concurrency: int = 256) -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        extra_args: Sequence[str] = (),
+        startup_timeout_s: float = 900.0,
+        env: dict[str, str] | None = None,
+        max_concurrency: int = 256,
+    ) -> None:
         super().__init__(f"http://{host}:{port}", model, max_concurrency=max_concurrency)
         self.host, self.port = host, port
-        self.server = ServerProcess(self.name, self.argv(model, host, port, list(extra_args)),
-                                    f"http://{host}:{port}{self.health_path}",
-                                    startup_timeout_s=startup_timeout_s, env=env)
+        self.server = ServerProcess(
+            self.name,
+            self.argv(model, host, port, list(extra_args)),
+            f"http://{host}:{port}{self.health_path}",
+            startup_timeout_s=startup_timeout_s,
+            env=env,
+        )
 
     def argv(self, model: str, host: str, port: int, extra: list[str]) -> list[str]:
         """The server's command line (subclasses implement)."""

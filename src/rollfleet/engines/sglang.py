@@ -27,8 +27,18 @@ class SGLangEngine(ServedEngine):
 
     def argv(self, model: str, host: str, port: int, extra: list[str]) -> list[str]:
         """``python -m sglang.launch_server --model-path … --host … --port …``."""
-        return [self.python(), "-m", "sglang.launch_server", "--model-path", model,
-                "--host", host, "--port", str(port), *extra]
+        return [
+            self.python(),
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            model,
+            "--host",
+            host,
+            "--port",
+            str(port),
+            *extra,
+        ]
 
     def body(self, request: GenerationRequest) -> dict[str, Any]:
         """The OpenAI body plus SGLang's request id, so the request can be aborted by id."""
@@ -51,13 +61,20 @@ class SGLangEngine(ServedEngine):
         try:
             from sglang.srt.utils import MultiprocessingSerializer
         except ImportError as exc:
-            raise EngineError("sglang: tensor updates need the sglang package in this process") from exc
+            raise EngineError(
+                "sglang: tensor updates need the sglang package in this process"
+            ) from exc
         buckets = list(bucket_tensors(weights, self.bucket_bytes))
         for index, bucket in enumerate(buckets):
             payload = MultiprocessingSerializer.serialize(bucket.items, output_str=True)
-            reply = await self.post_json("/update_weights_from_tensor", {
-                "serialized_named_tensors": [payload], "load_format": None,
-                "flush_cache": index == len(buckets) - 1})
+            reply = await self.post_json(
+                "/update_weights_from_tensor",
+                {
+                    "serialized_named_tensors": [payload],
+                    "load_format": None,
+                    "flush_cache": index == len(buckets) - 1,
+                },
+            )
             _check(reply)
         return self._next_version(version)
 

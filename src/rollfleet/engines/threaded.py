@@ -16,7 +16,14 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, TypeVar
 
-from rollfleet.engines.base import BaseEngine, Delta, EngineInfo, Generation, GenerationRequest, StreamItem
+from rollfleet.engines.base import (
+    BaseEngine,
+    Delta,
+    EngineInfo,
+    Generation,
+    GenerationRequest,
+    StreamItem,
+)
 from rollfleet.errors import EngineError
 
 log = logging.getLogger("rollfleet.engines")
@@ -90,8 +97,11 @@ class Registry:
     def abort(self, request_ids: Iterable[str] | None) -> int:
         """Flag the named requests (all when None) as aborted; return how many were found."""
         with self._lock:
-            targets = (list(self._by_id.values()) if request_ids is None
-                       else [self._by_id[r] for r in request_ids if r in self._by_id])
+            targets = (
+                list(self._by_id.values())
+                if request_ids is None
+                else [self._by_id[r] for r in request_ids if r in self._by_id]
+            )
         for pending in targets:
             pending.aborted.set()
         return len(targets)
@@ -107,8 +117,9 @@ class Registry:
         return len(self._by_id)
 
 
-async def stream_pending(registry: Registry, pending: Pending,
-                         submit: Callable[[Pending], None]) -> AsyncIterator[StreamItem]:
+async def stream_pending(
+    registry: Registry, pending: Pending, submit: Callable[[Pending], None]
+) -> AsyncIterator[StreamItem]:
     """Register ``pending``, hand it to ``submit``, and yield its items; abort it if abandoned."""
     registry.add(pending)
     try:
@@ -132,8 +143,9 @@ class ThreadedEngine(BaseEngine):
 
     def start_worker(self) -> None:
         """Start the worker thread running :meth:`work`."""
-        self._thread = threading.Thread(target=self.work, name=f"rollfleet-{self.name}",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self.work, name=f"rollfleet-{self.name}", daemon=True
+        )
         self._thread.start()
 
     def work(self) -> None:
@@ -156,8 +168,9 @@ class ThreadedEngine(BaseEngine):
 
     def info(self) -> EngineInfo:
         """Describe the engine."""
-        return EngineInfo(self.name, self.model, self.version, self.max_concurrency,
-                          self._thread is not None)
+        return EngineInfo(
+            self.name, self.model, self.version, self.max_concurrency, self._thread is not None
+        )
 
     def stream(self, request: GenerationRequest) -> AsyncIterator[StreamItem]:
         """Queue ``request`` for the worker; yield its deltas and final Generation."""

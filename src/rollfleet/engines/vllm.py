@@ -21,26 +21,53 @@ class VLLMEngine(ServedEngine):
 
     name = "vllm"
 
-    def __init__(self, model: str, *, host: str = "127.0.0.1", port: int = 8000,
-                 extra_args: Sequence[str] = (), startup_timeout_s: float = 900.0,
-                 env: dict[str, str] | None = None, max_concurrency: int = 256) -> None:
-        super().__init__(model, host=host, port=port, extra_args=extra_args,
-                         startup_timeout_s=startup_timeout_s,
-                         env={"VLLM_SERVER_DEV_MODE": "1", **(env or {})},
-                         max_concurrency=max_concurrency)
+    def __init__(
+        self,
+        model: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        extra_args: Sequence[str] = (),
+        startup_timeout_s: float = 900.0,
+        env: dict[str, str] | None = None,
+        max_concurrency: int = 256,
+    ) -> None:
+        super().__init__(
+            model,
+            host=host,
+            port=port,
+            extra_args=extra_args,
+            startup_timeout_s=startup_timeout_s,
+            env={"VLLM_SERVER_DEV_MODE": "1", **(env or {})},
+            max_concurrency=max_concurrency,
+        )
         self.extra_body = {"return_token_ids": True}
 
     def argv(self, model: str, host: str, port: int, extra: list[str]) -> list[str]:
         """``python -m vllm.entrypoints.openai.api_server --model … --host … --port …``."""
-        return [self.python(), "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-                "--host", host, "--port", str(port), *extra]
+        return [
+            self.python(),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            model,
+            "--host",
+            host,
+            "--port",
+            str(port),
+            *extra,
+        ]
 
     async def update_weights(self, weights: WeightSource, version: int | None = None) -> int:
         """Reload weights from a checkpoint directory through ``/collective_rpc``."""
         if not isinstance(weights, (str, Path)):
-            raise EngineError("vllm: update_weights over HTTP takes a checkpoint path; stream"
-                              " in-memory tensors with vLLM's weight-transfer API in the trainer")
-        await self.post_json("/collective_rpc", {"method": "reload_weights",
-                                                 "kwargs": {"weights_path": str(weights)}})
+            raise EngineError(
+                "vllm: update_weights over HTTP takes a checkpoint path; stream"
+                " in-memory tensors with vLLM's weight-transfer API in the trainer"
+            )
+        await self.post_json(
+            "/collective_rpc",
+            {"method": "reload_weights", "kwargs": {"weights_path": str(weights)}},
+        )
         await self.post_json("/reset_prefix_cache", {})
         return self._next_version(version)

@@ -21,18 +21,23 @@ def get_mode(name: str | None) -> Mode:
     """The mode called ``name``; InvalidInput naming the known ones otherwise."""
     if name == "math":
         from rollfleet.envs.math import MathMode
+
         return MathMode()
     if name == "py":
         from rollfleet.envs.py import PyMode
+
         return PyMode()
     if name == "rag":
         from rollfleet.envs.rag import RagMode
+
         return RagMode()
     if name == "web":
         from rollfleet.envs.web import WebMode
+
         return WebMode()
     if name == "osworld":
         from rollfleet.envs.osworld import OSWorldMode
+
         return OSWorldMode()
     raise InvalidInput(f"unknown mode {name!r}; the modes are {', '.join(MODES)}")
 
@@ -43,13 +48,17 @@ class EnvSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     mode: str
-    use_pool: bool = Field(default=False, description="share num_instances among the process's rollouts")
+    use_pool: bool = Field(
+        default=False, description="share num_instances among the process's rollouts"
+    )
     num_instances: int = Field(default=3, ge=1)
     corpus: str | None = None
     site: str | None = None
     sandbox: dict[str, Any] = Field(default_factory=dict, description="SandboxLimits fields")
     desktop: dict[str, Any] = Field(default_factory=dict, description="DesktopOptions fields")
-    standin: bool = Field(default=False, description="desktop: DesktopEnvStandIn instead of OSWorld (tests)")
+    standin: bool = Field(
+        default=False, description="desktop: DesktopEnvStandIn instead of OSWorld (tests)"
+    )
 
 
 def build_env_source(spec: EnvSpec, concurrency: int = 1) -> EnvSource | None:
@@ -60,20 +69,33 @@ def build_env_source(spec: EnvSpec, concurrency: int = 1) -> EnvSource | None:
         return None
     if spec.mode == "rag":
         from rollfleet.envs.rag import RagIndex
+
         index = RagIndex(spec.corpus)
         return StaticEnv(index, "rag", on_close=index.close)
     if spec.mode == "web":
         from rollfleet.envs.web import WebSite
+
         site = WebSite(spec.site).start()
         return StaticEnv(site, "web", endpoint=site.url, on_close=site.close)
     if spec.mode == "py":
         from rollfleet.pool import SandboxLimits, SandboxProvider
+
         provider = SandboxProvider(SandboxLimits(**spec.sandbox))
-        return env_source(provider, use_pool=spec.use_pool, num_instances=spec.num_instances,
-                          concurrency=concurrency, pool_name="py")
+        return env_source(
+            provider,
+            use_pool=spec.use_pool,
+            num_instances=spec.num_instances,
+            concurrency=concurrency,
+            pool_name="py",
+        )
     if spec.mode == "osworld":
-        return env_source(desktop_provider(spec), use_pool=spec.use_pool, num_instances=spec.num_instances,
-                          concurrency=concurrency, pool_name="osworld")
+        return env_source(
+            desktop_provider(spec),
+            use_pool=spec.use_pool,
+            num_instances=spec.num_instances,
+            concurrency=concurrency,
+            pool_name="osworld",
+        )
     raise InvalidInput(f"unknown mode {spec.mode!r}; the modes are {', '.join(MODES)}")
 
 
@@ -83,9 +105,21 @@ def desktop_provider(spec: EnvSpec) -> Any:
 
     options = DesktopOptions(**spec.desktop)
     if spec.standin:
-        return DesktopProvider(options, env_class=DesktopEnvStandIn, which=lambda tool: f"/standin/{tool}")
+        return DesktopProvider(
+            options, env_class=DesktopEnvStandIn, which=lambda tool: f"/standin/{tool}"
+        )
     return DesktopProvider(options)
 
 
-__all__ = ["MODES", "EnvSpec", "Mode", "Score", "Session", "StaticEnv", "Tool", "build_env_source",
-           "desktop_provider", "get_mode"]
+__all__ = [
+    "MODES",
+    "EnvSpec",
+    "Mode",
+    "Score",
+    "Session",
+    "StaticEnv",
+    "Tool",
+    "build_env_source",
+    "desktop_provider",
+    "get_mode",
+]

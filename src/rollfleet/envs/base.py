@@ -32,9 +32,18 @@ class Tool:
     def openai(self) -> dict[str, Any]:
         """The tool in OpenAI's ``tools`` format."""
         props = {k: {"type": "string", "description": v} for k, v in self.parameters.items()}
-        return {"type": "function", "function": {
-            "name": self.name, "description": self.description,
-            "parameters": {"type": "object", "properties": props, "required": list(self.parameters)}}}
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": {
+                    "type": "object",
+                    "properties": props,
+                    "required": list(self.parameters),
+                },
+            },
+        }
 
     def signature(self) -> str:
         """One line for a plain-text prompt: ``name {"arg": "..."}: description``."""
@@ -97,7 +106,9 @@ def require_fields(task: Any, where: str, fields: Mapping[str, type | tuple[type
         value = task[name]
         if isinstance(value, bool) or not isinstance(value, kind):
             names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-            raise InvalidInput(f"{where}: field {name!r} must be {names}, got {type(value).__name__}")
+            raise InvalidInput(
+                f"{where}: field {name!r} must be {names}, got {type(value).__name__}"
+            )
         if isinstance(value, (str, list)) and not value:
             raise InvalidInput(f"{where}: field {name!r} is empty")
 
@@ -129,17 +140,28 @@ def token_f1(prediction: str, gold: str) -> float:
 class StaticEnv:
     """An EnvSource handing every rollout the same in-process object (a search index, a site)."""
 
-    def __init__(self, handle: Any, name: str, endpoint: str | None = None,
-                 on_close: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        handle: Any,
+        name: str,
+        endpoint: str | None = None,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
         """Lease ``handle`` to everyone; ``on_close`` runs at close()."""
         self.handle, self.name, self.endpoint, self._on_close = handle, name, endpoint, on_close
 
     @asynccontextmanager
-    async def lease(self, *, attempt_id: str | None = None, timeout: float | None = None
-                    ) -> AsyncIterator[Instance]:
+    async def lease(
+        self, *, attempt_id: str | None = None, timeout: float | None = None
+    ) -> AsyncIterator[Instance]:
         """The shared object, wrapped as an Instance."""
-        yield Instance(instance_id=f"{self.name}-0", pool=self.name, endpoint=self.endpoint,
-                       handle=self.handle, attempt_id=attempt_id)
+        yield Instance(
+            instance_id=f"{self.name}-0",
+            pool=self.name,
+            endpoint=self.endpoint,
+            handle=self.handle,
+            attempt_id=attempt_id,
+        )
 
     async def close(self) -> None:
         """Run the close hook."""

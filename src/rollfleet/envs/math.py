@@ -21,7 +21,8 @@ _ANY = re.compile(_NUMBER)
 
 
 def to_number(text: str | float) -> Fraction | None:
-    """A number written as text (commas, decimals, a fraction) as an exact Fraction; None if not one."""
+    """A number written as text (commas, decimals, a fraction) as an exact Fraction; None if not
+    one."""
     if isinstance(text, (int, float)):
         return Fraction(str(text))
     cleaned = text.strip().replace(",", "").rstrip(".")
@@ -46,8 +47,11 @@ def math_reward(reply: str, answer: str | float) -> Score:
     said = final_number(reply)
     got, want = (to_number(said) if said is not None else None), to_number(answer)
     correct = got is not None and want is not None and got == want
-    return Score(reward=1.0 if correct else 0.0, correct=correct,
-                 details={"parsed": said, "expected": str(answer)})
+    return Score(
+        reward=1.0 if correct else 0.0,
+        correct=correct,
+        details={"parsed": said, "expected": str(answer)},
+    )
 
 
 class MathSession:
@@ -80,8 +84,10 @@ class MathMode:
 
     def system_prompt(self, task: dict[str, Any]) -> str:
         """Ask for the answer after ``####``."""
-        return ("You solve math word problems. Think step by step, briefly. "
-                "End your reply with a line '#### <number>' giving the final answer.")
+        return (
+            "You solve math word problems. Think step by step, briefly. "
+            "End your reply with a line '#### <number>' giving the final answer."
+        )
 
     def user_prompt(self, task: dict[str, Any]) -> str:
         """The question."""

@@ -19,14 +19,22 @@ OBSERVATION_LIMIT = 2000
 _COMPUTER_13 = [
     Tool("type_text", "type text with the keyboard", {"text": "what to type"}),
     Tool("press_key", "press one key", {"key": "a key name such as enter"}),
-    Tool("click_at", "click at screen coordinates", {"x": "pixels from the left", "y": "pixels from the top"}),
+    Tool(
+        "click_at",
+        "click at screen coordinates",
+        {"x": "pixels from the left", "y": "pixels from the top"},
+    ),
 ]
-_PYAUTOGUI = [Tool("execute", "run a pyautogui snippet on the desktop", {"code": "python using pyautogui"})]
+_PYAUTOGUI = [
+    Tool("execute", "run a pyautogui snippet on the desktop", {"code": "python using pyautogui"})
+]
 
 
 def action_space_of(desktop: Any) -> str:
     """The DesktopEnv's action space (``pyautogui`` or ``computer_13``)."""
-    space = getattr(desktop, "action_space", None) or getattr(desktop, "kwargs", {}).get("action_space")
+    space = getattr(desktop, "action_space", None) or getattr(desktop, "kwargs", {}).get(
+        "action_space"
+    )
     return str(space or "pyautogui")
 
 
@@ -35,12 +43,18 @@ def to_action(name: str, args: dict[str, Any]) -> Any:
     if name == "execute":
         return str(args.get("code", ""))
     if name == "type_text":
-        return {"action_type": "TYPING", "parameters": {"text": str(args.get("text", ""))},
-                "text": str(args.get("text", ""))}
+        return {
+            "action_type": "TYPING",
+            "parameters": {"text": str(args.get("text", ""))},
+            "text": str(args.get("text", "")),
+        }
     if name == "press_key":
         return {"action_type": "PRESS", "parameters": {"key": str(args.get("key", ""))}}
     if name == "click_at":
-        return {"action_type": "CLICK", "parameters": {"x": int(args.get("x", 0)), "y": int(args.get("y", 0))}}
+        return {
+            "action_type": "CLICK",
+            "parameters": {"x": int(args.get("x", 0)), "y": int(args.get("y", 0))},
+        }
     raise InvalidInput(f"unknown desktop tool {name!r}")
 
 
@@ -50,7 +64,9 @@ def describe(obs: Any) -> str:
         tree = obs.get("accessibility_tree")
         if tree:
             return str(tree)[:OBSERVATION_LIMIT]
-        return "the screen changed" if obs.get("screenshot") else "no screenshot (is the VM running?)"
+        return (
+            "the screen changed" if obs.get("screenshot") else "no screenshot (is the VM running?)"
+        )
     return str(obs)[:OBSERVATION_LIMIT]
 
 
@@ -65,7 +81,8 @@ class OSWorldSession:
     async def call(self, name: str, args: dict[str, Any]) -> str:
         """Apply one action on the desktop."""
         if name not in {t.name for t in self.tools}:
-            return f"error: unknown tool {name!r}; the tools are {', '.join(t.name for t in self.tools)}"
+            known = ", ".join(t.name for t in self.tools)
+            return f"error: unknown tool {name!r}; the tools are {known}"
         try:
             action = to_action(name, args)
         except (ValueError, InvalidInput) as exc:
@@ -77,7 +94,9 @@ class OSWorldSession:
         """Run the task's evaluator on the VM."""
         await asyncio.to_thread(self.desktop.step, "DONE")
         reward = float(await asyncio.to_thread(self.desktop.evaluate))
-        return Score(reward=reward, correct=reward >= 1.0, details={"evaluator": "DesktopEnv.evaluate"})
+        return Score(
+            reward=reward, correct=reward >= 1.0, details={"evaluator": "DesktopEnv.evaluate"}
+        )
 
 
 class OSWorldMode:
@@ -86,7 +105,8 @@ class OSWorldMode:
     name = "osworld"
 
     def check(self, task: Any, where: str) -> None:
-        """OSWorld's ``id`` and ``instruction``; ``config`` a list and ``evaluator`` an object if given."""
+        """OSWorld's ``id`` and ``instruction``; ``config`` a list and ``evaluator`` an object if
+        given."""
         require_fields(task, where, {"id": str, "instruction": str})
         if not isinstance(task.get("config", []), list):
             raise InvalidInput(f"{where}: field 'config' must be a list")
@@ -95,8 +115,10 @@ class OSWorldMode:
 
     def system_prompt(self, task: dict[str, Any]) -> str:
         """Explain the desktop."""
-        return ("You operate an Ubuntu desktop to complete the user's task. Act with the tools, one "
-                "action per turn; when the task is complete, reply DONE.")
+        return (
+            "You operate an Ubuntu desktop to complete the user's task. Act with the tools, one "
+            "action per turn; when the task is complete, reply DONE."
+        )
 
     def user_prompt(self, task: dict[str, Any]) -> str:
         """The instruction."""

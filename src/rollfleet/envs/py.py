@@ -28,7 +28,13 @@ def extract_code(answer: str) -> str:
 
 def unittest_source(tests: list[str]) -> str:
     """A unittest module with one test method per boolean expression."""
-    lines = ["import unittest", "from solution import *", "", "", "class TaskTests(unittest.TestCase):"]
+    lines = [
+        "import unittest",
+        "from solution import *",
+        "",
+        "",
+        "class TaskTests(unittest.TestCase):",
+    ]
     for i, expr in enumerate(tests):
         lines += [f"    def test_{i}(self):", f"        self.assertTrue({expr})", ""]
     lines += ["", "if __name__ == '__main__':", "    unittest.main()"]
@@ -40,9 +46,17 @@ async def run_py_tests(sandbox: Sandbox, solution: str, tests: list[str]) -> Sco
     outcome = await sandbox.run_tests(solution, unittest_source(tests))  # the sandbox's wall_s
     ran_all = outcome.ran == len(tests) and not outcome.result.timed_out
     passed = max(0, outcome.ran - outcome.failed) if ran_all else 0
-    return Score(reward=passed / len(tests), correct=passed == len(tests),
-                 details={"tests": len(tests), "ran": outcome.ran, "passed": passed,
-                          "timed_out": outcome.result.timed_out, "stderr_tail": outcome.result.stderr[-400:]})
+    return Score(
+        reward=passed / len(tests),
+        correct=passed == len(tests),
+        details={
+            "tests": len(tests),
+            "ran": outcome.ran,
+            "passed": passed,
+            "timed_out": outcome.result.timed_out,
+            "stderr_tail": outcome.result.stderr[-400:],
+        },
+    )
 
 
 class PySession:
@@ -50,8 +64,13 @@ class PySession:
 
     def __init__(self, task: dict[str, Any], sandbox: Sandbox) -> None:
         """Score ``task``'s tests in ``sandbox``."""
-        self.tools = [Tool("run_python", "run a Python program and see its stdout and stderr",
-                           {"code": "the program's source"})]
+        self.tools = [
+            Tool(
+                "run_python",
+                "run a Python program and see its stdout and stderr",
+                {"code": "the program's source"},
+            )
+        ]
         self.task, self.sandbox = task, sandbox
 
     async def call(self, name: str, args: dict[str, Any]) -> str:
@@ -59,7 +78,9 @@ class PySession:
         if name != "run_python":
             return f"error: unknown tool {name!r}; the only tool is run_python"
         result = await self.sandbox.run_code(str(args.get("code", "")), timeout_s=10)
-        text = f"exit={result.exit_code} timed_out={result.timed_out}\n{result.stdout}{result.stderr}"
+        text = (
+            f"exit={result.exit_code} timed_out={result.timed_out}\n{result.stdout}{result.stderr}"
+        )
         return text[:OBSERVATION_LIMIT]
 
     async def score(self, answer: str) -> Score:
@@ -77,16 +98,22 @@ class PyMode:
         require_fields(task, where, {"prompt": str, "entry_point": str, "tests": list})
         for i, expr in enumerate(task["tests"]):
             if not isinstance(expr, str):
-                raise InvalidInput(f"{where}: field 'tests.{i}' must be str, got {type(expr).__name__}")
+                raise InvalidInput(
+                    f"{where}: field 'tests.{i}' must be str, got {type(expr).__name__}"
+                )
             try:
                 compile(expr, f"tests.{i}", "eval")
             except SyntaxError as exc:
-                raise InvalidInput(f"{where}: field 'tests.{i}' is not a Python expression: {exc.msg}") from None
+                raise InvalidInput(
+                    f"{where}: field 'tests.{i}' is not a Python expression: {exc.msg}"
+                ) from None
 
     def system_prompt(self, task: dict[str, Any]) -> str:
         """Ask for one fenced code block."""
-        return ("You write correct, simple Python functions. Reply with the complete function "
-                "in one ```python code block.")
+        return (
+            "You write correct, simple Python functions. Reply with the complete function "
+            "in one ```python code block."
+        )
 
     def user_prompt(self, task: dict[str, Any]) -> str:
         """The task, naming the function."""

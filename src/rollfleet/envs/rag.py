@@ -75,13 +75,17 @@ class RagIndex:
         with self._lock:
             rows = self._db.execute(
                 "SELECT doc_id, title, snippet(docs, 2, '', '', '…', 16), bm25(docs) FROM docs "
-                "WHERE docs MATCH ? ORDER BY bm25(docs) LIMIT ?", (match, k)).fetchall()
+                "WHERE docs MATCH ? ORDER BY bm25(docs) LIMIT ?",
+                (match, k),
+            ).fetchall()
         return [Hit(doc_id=r[0], title=r[1], snippet=r[2], score=-float(r[3])) for r in rows]
 
     def read(self, doc_id: str) -> str | None:
         """A document's full text, or None when there is no such document."""
         with self._lock:
-            row = self._db.execute("SELECT title, text FROM docs WHERE doc_id = ?", (doc_id.strip(),)).fetchone()
+            row = self._db.execute(
+                "SELECT title, text FROM docs WHERE doc_id = ?", (doc_id.strip(),)
+            ).fetchone()
         return None if row is None else f"{row[0]}\n{row[1]}"
 
     def close(self) -> None:
@@ -101,9 +105,14 @@ class RagSession:
 
     def __init__(self, task: dict[str, Any], index: RagIndex) -> None:
         """Score against ``task['answers']``."""
-        self.tools = [Tool("search", "full-text search over the documents; returns ids, titles and snippets",
-                           {"query": "words to look for"}),
-                      Tool("read", "read one document in full", {"doc_id": "a document id from search"})]
+        self.tools = [
+            Tool(
+                "search",
+                "full-text search over the documents; returns ids, titles and snippets",
+                {"query": "words to look for"},
+            ),
+            Tool("read", "read one document in full", {"doc_id": "a document id from search"}),
+        ]
         self.task, self.index = task, index
 
     async def call(self, name: str, args: dict[str, Any]) -> str:
@@ -135,8 +144,10 @@ class RagMode:
 
     def system_prompt(self, task: dict[str, Any]) -> str:
         """Explain the tools' purpose."""
-        return ("You answer questions about a document collection. Search it, read what you need, "
-                "then give only the short answer.")
+        return (
+            "You answer questions about a document collection. Search it, read what you need, "
+            "then give only the short answer."
+        )
 
     def user_prompt(self, task: dict[str, Any]) -> str:
         """The question."""

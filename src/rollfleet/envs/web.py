@@ -46,7 +46,9 @@ class WebSite:
         handler = functools.partial(_Quiet, directory=str(self.root))
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, name="rollfleet-web", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="rollfleet-web", daemon=True
+        )
 
     def start(self) -> WebSite:
         """Start serving."""
@@ -137,7 +139,9 @@ class Browser:
         if self.page is None:
             return "no page is open"
         body = "\n".join(self.page.text_lines())[:PAGE_LIMIT]
-        links = "\n".join(f"[{i}] {text} -> {href}" for i, (text, href) in enumerate(self.page.links, 1))
+        links = "\n".join(
+            f"[{i}] {text} -> {href}" for i, (text, href) in enumerate(self.page.links, 1)
+        )
         return f"{self.page.title} ({urlsplit(self.url or '').path})\n{body}\nLinks:\n{links}"
 
     async def click(self, link: str) -> str:
@@ -179,10 +183,21 @@ class WebSession:
     def __init__(self, task: dict[str, Any], site_url: str) -> None:
         """Browse ``site_url`` for ``task``."""
         self.tools = [
-            Tool("open_url", "open a page of the site", {"url": "a URL or a path such as /index.html"}),
-            Tool("click", "follow a link on the current page", {"link": "the link's number or text"}),
-            Tool("find", "show the lines of the current page containing some text", {"text": "what to look for"}),
-            Tool("back", "go back to the previous page")]
+            Tool(
+                "open_url",
+                "open a page of the site",
+                {"url": "a URL or a path such as /index.html"},
+            ),
+            Tool(
+                "click", "follow a link on the current page", {"link": "the link's number or text"}
+            ),
+            Tool(
+                "find",
+                "show the lines of the current page containing some text",
+                {"text": "what to look for"},
+            ),
+            Tool("back", "go back to the previous page"),
+        ]
         self.task, self.browser = task, Browser(site_url)
 
     async def call(self, name: str, args: dict[str, Any]) -> str:
@@ -215,12 +230,16 @@ class WebMode:
         require_fields(task, where, {"question": str, "answer": str})
         start = task.get("start", "/index.html")
         if not isinstance(start, str) or not start.startswith("/"):
-            raise InvalidInput(f"{where}: field 'start' must be a path starting with '/', got {start!r}")
+            raise InvalidInput(
+                f"{where}: field 'start' must be a path starting with '/', got {start!r}"
+            )
 
     def system_prompt(self, task: dict[str, Any]) -> str:
         """Explain browsing."""
-        return ("You answer questions by browsing a small website. Open pages, click links and "
-                "find text; then give only the short answer.")
+        return (
+            "You answer questions by browsing a small website. Open pages, click links and "
+            "find text; then give only the short answer."
+        )
 
     def user_prompt(self, task: dict[str, Any]) -> str:
         """The question and the start page."""

@@ -67,7 +67,9 @@ class PoolsFile(_Strict):
 
 
 OPTIONS: dict[str, type[BaseModel]] = {
-    "sandbox": SandboxLimits, "desktop": DesktopOptions, "command": CommandSpec,
+    "sandbox": SandboxLimits,
+    "desktop": DesktopOptions,
+    "command": CommandSpec,
 }
 
 
@@ -127,11 +129,14 @@ def make_provider(spec: PoolSpec) -> Provider:
 
 def build_pool(name: str, spec: PoolSpec) -> Pool:
     """A (not yet started) pool for one spec."""
-    return Pool(make_provider(spec), spec.size, name=name,
-                policy=PoolPolicy(**spec.policy.model_dump()))
+    return Pool(
+        make_provider(spec), spec.size, name=name, policy=PoolPolicy(**spec.policy.model_dump())
+    )
 
 
 def load_registry(path: str | Path) -> PoolRegistry:
     """Every pool of a config file in a registry (not yet started), for serving."""
     config = load_config(path)
-    return PoolRegistry((build_pool(name, spec), spec.lease_s) for name, spec in config.pools.items())
+    return PoolRegistry(
+        (build_pool(name, spec), spec.lease_s) for name, spec in config.pools.items()
+    )

@@ -41,9 +41,15 @@ class Lease(Report):
     def instance(self) -> Instance:
         """The instance as a remote holder sees it (no in-process handle)."""
         return Instance(
-            instance_id=self.instance_id, pool=self.pool, endpoint=self.endpoint,
-            generation=self.generation, attempt_id=self.attempt_id, lease_id=self.lease_id,
-            ticket=self.ticket, serial=self.serial, expires_at=self.expires_at,
+            instance_id=self.instance_id,
+            pool=self.pool,
+            endpoint=self.endpoint,
+            generation=self.generation,
+            attempt_id=self.attempt_id,
+            lease_id=self.lease_id,
+            ticket=self.ticket,
+            serial=self.serial,
+            expires_at=self.expires_at,
         )
 
 
@@ -91,7 +97,9 @@ class PoolRegistry:
         try:
             return self._pools[name]
         except KeyError:
-            raise NotFound(f"no pool named {name!r} (pools: {', '.join(self._pools) or 'none'})") from None
+            raise NotFound(
+                f"no pool named {name!r} (pools: {', '.join(self._pools) or 'none'})"
+            ) from None
 
     async def start(self) -> None:
         """Start every pool and the lease reaper (idempotent)."""
@@ -99,7 +107,9 @@ class PoolRegistry:
             return
         for pool in self._pools.values():
             await pool.start()
-        self._reaper = asyncio.get_running_loop().create_task(self._reap_forever(), name="lease reaper")
+        self._reaper = asyncio.get_running_loop().create_task(
+            self._reap_forever(), name="lease reaper"
+        )
 
     async def close(self) -> None:
         """Stop the reaper and close every pool."""
@@ -119,23 +129,40 @@ class PoolRegistry:
 
     # ---- leases ----------------------------------------------------------------------
 
-    async def acquire(self, pool_name: str, *, attempt_id: str | None = None,
-                      timeout: float | None = None, lease_s: float | None = None) -> Lease:
+    async def acquire(
+        self,
+        pool_name: str,
+        *,
+        attempt_id: str | None = None,
+        timeout: float | None = None,
+        lease_s: float | None = None,
+    ) -> Lease:
         """Wait for an instance of ``pool_name`` (FIFO) and lease it to ``attempt_id``."""
         await self.start()
         pool = self.pool(pool_name)
         seconds = _check_lease_s(lease_s or self._lease_s[pool_name])
         instance = await pool.acquire(timeout, attempt_id=attempt_id)
         lease = Lease(
-            lease_id=uuid.uuid4().hex, pool=pool_name, instance_id=instance.instance_id,
-            endpoint=instance.endpoint, generation=instance.generation, attempt_id=attempt_id,
-            ticket=instance.ticket, serial=instance.serial, lease_s=seconds,
+            lease_id=uuid.uuid4().hex,
+            pool=pool_name,
+            instance_id=instance.instance_id,
+            endpoint=instance.endpoint,
+            generation=instance.generation,
+            attempt_id=attempt_id,
+            ticket=instance.ticket,
+            serial=instance.serial,
+            lease_s=seconds,
             expires_at=time.time() + seconds,
         )
         self._held[lease.lease_id] = _Held(lease, instance, time.monotonic() + seconds)
         self._changed.set()
-        log.info("lease %s: %s → attempt %s for %.0fs", lease.lease_id, instance.instance_id,
-                 attempt_id, seconds)
+        log.info(
+            "lease %s: %s → attempt %s for %.0fs",
+            lease.lease_id,
+            instance.instance_id,
+            attempt_id,
+            seconds,
+        )
         return lease
 
     def renew(self, lease_id: str, lease_s: float | None = None) -> Lease:
@@ -143,15 +170,18 @@ class PoolRegistry:
         held = self._current(lease_id)
         seconds = _check_lease_s(lease_s or held.lease.lease_s)
         held.deadline = time.monotonic() + seconds
-        held.lease = held.lease.model_copy(update={"expires_at": time.time() + seconds,
-                                                   "lease_s": seconds})
+        held.lease = held.lease.model_copy(
+            update={"expires_at": time.time() + seconds, "lease_s": seconds}
+        )
         self._changed.set()
         return held.lease
 
     async def release(self, lease_id: str, *, broken: bool = False, reason: str = "") -> None:
         """End the lease; the instance is reset (or replaced if ``broken``) in the background."""
         held = self._current(lease_id)
-        await self._end(held, "released" + (f" as broken: {reason}" if broken else ""), broken=broken)
+        await self._end(
+            held, "released" + (f" as broken: {reason}" if broken else ""), broken=broken
+        )
 
     def leases(self, pool_name: str | None = None) -> list[Lease]:
         """Leases held now, oldest first."""
@@ -166,8 +196,12 @@ class PoolRegistry:
         now = time.monotonic()
         due = [h for h in self._held.values() if h.deadline <= now]
         for held in due:
-            log.warning("lease %s: attempt %s did not renew; expired, reclaiming %s",
-                        held.lease.lease_id, held.lease.attempt_id, held.lease.instance_id)
+            log.warning(
+                "lease %s: attempt %s did not renew; expired, reclaiming %s",
+                held.lease.lease_id,
+                held.lease.attempt_id,
+                held.lease.instance_id,
+            )
             await self._end(held, "expired")
         return [h.lease for h in due]
 

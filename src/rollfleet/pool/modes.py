@@ -24,9 +24,17 @@ from rollfleet.pool.pool import Pool, PoolPolicy, _bounded
 from rollfleet.pool.remote import RemotePool
 
 
-def env_source(provider: Provider | None = None, *, use_pool: bool = False, num_instances: int = 3,
-               concurrency: int = 1, pool_url: str | None = None, pool_name: str = "env",
-               token: str | None = None, policy: PoolPolicy | None = None) -> EnvSource:
+def env_source(
+    provider: Provider | None = None,
+    *,
+    use_pool: bool = False,
+    num_instances: int = 3,
+    concurrency: int = 1,
+    pool_url: str | None = None,
+    pool_name: str = "env",
+    token: str | None = None,
+    policy: PoolPolicy | None = None,
+) -> EnvSource:
     """What ``ctx.env`` should be for the given mode (see the module docstring)."""
     if use_pool and pool_url:
         return RemotePool(pool_url, pool_name, token=token)
@@ -39,7 +47,9 @@ def env_source(provider: Provider | None = None, *, use_pool: bool = False, num_
 class EphemeralEnv:
     """Per-rollout mode: every lease starts a fresh instance and stops it afterwards."""
 
-    def __init__(self, provider: Provider, *, name: str = "env", policy: PoolPolicy | None = None) -> None:
+    def __init__(
+        self, provider: Provider, *, name: str = "env", policy: PoolPolicy | None = None
+    ) -> None:
         """Start instances of ``provider`` on demand."""
         self.provider, self.name = provider, name
         self.policy = policy or PoolPolicy()
@@ -47,16 +57,22 @@ class EphemeralEnv:
         self._live: dict[str, Any] = {}
 
     @asynccontextmanager
-    async def lease(self, *, attempt_id: str | None = None, timeout: float | None = None
-                    ) -> AsyncIterator[Instance]:
+    async def lease(
+        self, *, attempt_id: str | None = None, timeout: float | None = None
+    ) -> AsyncIterator[Instance]:
         """A brand-new instance for the body; stopped afterwards whatever happens."""
         instance_id = f"{self.name}-{next(self._ids)}"
         limit = timeout if timeout is not None else self.policy.start_timeout_s
         handle = await _bounded(self.provider.start(instance_id), limit, f"starting {instance_id}")
         self._live[instance_id] = handle
         try:
-            yield Instance(instance_id=instance_id, pool=self.name, handle=handle,
-                           endpoint=self.provider.endpoint(handle), attempt_id=attempt_id)
+            yield Instance(
+                instance_id=instance_id,
+                pool=self.name,
+                handle=handle,
+                endpoint=self.provider.endpoint(handle),
+                attempt_id=attempt_id,
+            )
         finally:
             await asyncio.shield(self._stop(instance_id))
 

@@ -32,8 +32,15 @@ from rollfleet.pool.base import (
 
 log = logging.getLogger("rollfleet.pool")
 
-ALIVE = frozenset({InstanceState.STARTING, InstanceState.IDLE, InstanceState.BUSY,
-                   InstanceState.RESETTING, InstanceState.BROKEN})
+ALIVE = frozenset(
+    {
+        InstanceState.STARTING,
+        InstanceState.IDLE,
+        InstanceState.BUSY,
+        InstanceState.RESETTING,
+        InstanceState.BROKEN,
+    }
+)
 SERVING = frozenset({InstanceState.IDLE, InstanceState.BUSY, InstanceState.RESETTING})
 
 
@@ -90,7 +97,8 @@ async def _bounded(awaitable: Awaitable[Any], timeout: float | None, what: str) 
 
 
 class Pool:
-    """M instances of one provider, handed out first-come first-served and reset in the background."""
+    """M instances of one provider, handed out first-come first-served and reset in the
+    background."""
 
     def __init__(
         self, provider: Provider, size: int, *, name: str = "pool", policy: PoolPolicy | None = None
@@ -126,12 +134,15 @@ class Pool:
         if preflight is not None:
             preflight()  # a missing package or hypervisor is an error now, not a retry loop
         self._started_at = time.monotonic()
-        log.info("pool %s: starting %d %s instances", self.name, len(self._slots), self.provider.name)
+        log.info(
+            "pool %s: starting %d %s instances", self.name, len(self._slots), self.provider.name
+        )
         for slot in self._slots:
             self._tasks.spawn(self._bring_up(slot), f"pool {self.name}: start {slot.instance_id}")
         if self.policy.check_interval_s:
-            self._tasks.spawn(self._health_loop(self.policy.check_interval_s),
-                              f"pool {self.name}: health checks")
+            self._tasks.spawn(
+                self._health_loop(self.policy.check_interval_s), f"pool {self.name}: health checks"
+            )
 
     async def close(self) -> None:
         """Stop every instance and fail every waiter; holders' later releases are ignored."""
@@ -158,7 +169,9 @@ class Pool:
 
     # ---- acquire / release -----------------------------------------------------------
 
-    async def acquire(self, timeout: float | None = None, *, attempt_id: str | None = None) -> Instance:
+    async def acquire(
+        self, timeout: float | None = None, *, attempt_id: str | None = None
+    ) -> Instance:
         """Wait (first come, first served) for a clean instance; PoolTimeout after ``timeout`` s."""
         await self.start()
         self._raise_if_unusable()
@@ -186,8 +199,10 @@ class Pool:
         """Give ``instance`` back; it is reset (or, if ``broken``, replaced) in the background."""
         slot = self._slot_of(instance)
         if slot.serial != instance.serial:
-            raise Conflict(f"pool {self.name}: {instance.instance_id} is no longer held by lease "
-                           f"#{instance.serial} (now #{slot.serial}, {slot.state.value})")
+            raise Conflict(
+                f"pool {self.name}: {instance.instance_id} is no longer held by lease "
+                f"#{instance.serial} (now #{slot.serial}, {slot.state.value})"
+            )
         if slot.released or self._closed:
             return
         slot.released = True
@@ -195,8 +210,10 @@ class Pool:
         slot.busy_since, slot.attempt_id = None, None
         if broken:
             slot.state = InstanceState.BROKEN
-            self._tasks.spawn(self._replace(slot, f"holder reported it broken: {reason}"),
-                              f"pool {self.name}: replace")
+            self._tasks.spawn(
+                self._replace(slot, f"holder reported it broken: {reason}"),
+                f"pool {self.name}: replace",
+            )
         else:
             slot.state = InstanceState.RESETTING
             self._tasks.spawn(self._recycle(slot), f"pool {self.name}: reset {slot.instance_id}")
@@ -220,16 +237,27 @@ class Pool:
         now = time.monotonic()
         infos = [self._info(slot) for slot in self._slots]
         healthy = sum(1 for s in self._slots if s.state in SERVING)
-        busy = sum(s.busy_total + (now - s.busy_since if s.busy_since else 0.0) for s in self._slots)
+        busy = sum(
+            s.busy_total + (now - s.busy_since if s.busy_since else 0.0) for s in self._slots
+        )
         elapsed = (now - self._started_at) if self._started_at is not None else 0.0
         waits = list(self._waits)
         return PoolStats(
-            name=self.name, provider=self.provider.name, size=len(self._slots), healthy=healthy,
-            degraded=any(s.state is InstanceState.STOPPED for s in self._slots) and not self._closed,
-            states={st.value: self._count(st) for st in InstanceState}, instances=infos,
-            waiting=len(self._waiters), acquired=self._acquired, timeouts=self._timeouts,
-            replacements=self._replacements, wait_p50_s=percentile(waits, 0.5),
-            wait_p90_s=percentile(waits, 0.9), wait_p99_s=percentile(waits, 0.99),
+            name=self.name,
+            provider=self.provider.name,
+            size=len(self._slots),
+            healthy=healthy,
+            degraded=any(s.state is InstanceState.STOPPED for s in self._slots)
+            and not self._closed,
+            states={st.value: self._count(st) for st in InstanceState},
+            instances=infos,
+            waiting=len(self._waiters),
+            acquired=self._acquired,
+            timeouts=self._timeouts,
+            replacements=self._replacements,
+            wait_p50_s=percentile(waits, 0.5),
+            wait_p90_s=percentile(waits, 0.9),
+            wait_p99_s=percentile(waits, 0.99),
             utilisation=busy / (elapsed * len(self._slots)) if elapsed > 0 else 0.0,
         )
 
@@ -257,8 +285,14 @@ class Pool:
         self._waits.append(now - since)
         self._bump()
         return Instance(
-            instance_id=slot.instance_id, pool=self.name, endpoint=slot.endpoint, handle=slot.handle,
-            generation=slot.generation, attempt_id=attempt_id, ticket=ticket, serial=slot.serial,
+            instance_id=slot.instance_id,
+            pool=self.name,
+            endpoint=slot.endpoint,
+            handle=slot.handle,
+            generation=slot.generation,
+            attempt_id=attempt_id,
+            ticket=ticket,
+            serial=slot.serial,
         )
 
     def _make_idle(self, slot: _Slot) -> None:
@@ -267,7 +301,9 @@ class Pool:
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.future.done():
-                waiter.future.set_result(self._grant(slot, waiter.ticket, waiter.attempt_id, waiter.since))
+                waiter.future.set_result(
+                    self._grant(slot, waiter.ticket, waiter.attempt_id, waiter.since)
+                )
                 return
         self._idle.append(slot)
         self._bump()
@@ -293,7 +329,9 @@ class Pool:
             raise PoolError(f"pool {self.name} is closed")
         if not any(slot.state in ALIVE for slot in self._slots):
             errors = "; ".join(f"{s.instance_id}: {s.last_error}" for s in self._slots)
-            raise PoolError(f"pool {self.name}: every instance failed and could not be replaced ({errors})")
+            raise PoolError(
+                f"pool {self.name}: every instance failed and could not be replaced ({errors})"
+            )
 
     def _fail_waiters(self, error: PoolError) -> None:
         while self._waiters:
@@ -309,10 +347,16 @@ class Pool:
             slot.state, slot.handle, slot.endpoint = InstanceState.STARTING, None, None
             self._bump()
             try:
-                slot.handle = await _bounded(self.provider.start(slot.instance_id),
-                                             self.policy.start_timeout_s, f"starting {slot.instance_id}")
-                await _bounded(self.provider.check(slot.handle), self.policy.check_timeout_s,
-                               f"checking new {slot.instance_id}")
+                slot.handle = await _bounded(
+                    self.provider.start(slot.instance_id),
+                    self.policy.start_timeout_s,
+                    f"starting {slot.instance_id}",
+                )
+                await _bounded(
+                    self.provider.check(slot.handle),
+                    self.policy.check_timeout_s,
+                    f"checking new {slot.instance_id}",
+                )
             except Exception as exc:  # noqa: BLE001 - any provider failure is a failed start
                 self._note_failure(slot, f"start failed (try {attempt}): {exc}")
                 await self._stop_slot(slot)
@@ -320,20 +364,33 @@ class Pool:
                     await asyncio.sleep(self.policy.backoff(attempt))
                 continue
             slot.endpoint = self.provider.endpoint(slot.handle)
-            log.info("pool %s: %s ready (generation %d)", self.name, slot.instance_id, slot.generation)
+            log.info(
+                "pool %s: %s ready (generation %d)", self.name, slot.instance_id, slot.generation
+            )
             self._make_idle(slot)
             return
         slot.state = InstanceState.STOPPED
-        log.error("pool %s: gave up on %s after %d start attempts; pool is degraded (%s)",
-                  self.name, slot.instance_id, self.policy.max_start_attempts, slot.last_error)
+        log.error(
+            "pool %s: gave up on %s after %d start attempts; pool is degraded (%s)",
+            self.name,
+            slot.instance_id,
+            self.policy.max_start_attempts,
+            slot.last_error,
+        )
         if not any(s.state in ALIVE for s in self._slots):
-            self._fail_waiters(PoolError(f"pool {self.name}: no instance could be started "
-                                         f"(last error: {slot.last_error})"))
+            self._fail_waiters(
+                PoolError(
+                    f"pool {self.name}: no instance could be started "
+                    f"(last error: {slot.last_error})"
+                )
+            )
         self._bump()
 
     async def _recycle(self, slot: _Slot) -> None:
         """Reset (and check) a released instance; replace it when either fails."""
-        if not await self._survives(slot, self.provider.reset, self.policy.reset_timeout_s, "reset"):
+        if not await self._survives(
+            slot, self.provider.reset, self.policy.reset_timeout_s, "reset"
+        ):
             return
         if self.policy.check_after_reset and not await self._healthy(slot):
             return
@@ -341,11 +398,13 @@ class Pool:
 
     async def _healthy(self, slot: _Slot) -> bool:
         """Run the provider's check; on failure the instance is replaced and False returned."""
-        return await self._survives(slot, self.provider.check, self.policy.check_timeout_s,
-                                    "health check")
+        return await self._survives(
+            slot, self.provider.check, self.policy.check_timeout_s, "health check"
+        )
 
-    async def _survives(self, slot: _Slot, step: Callable[[Any], Awaitable[None]],
-                        timeout: float | None, what: str) -> bool:
+    async def _survives(
+        self, slot: _Slot, step: Callable[[Any], Awaitable[None]], timeout: float | None, what: str
+    ) -> bool:
         """Run one provider step on ``slot``; on any failure replace the instance, return False."""
         try:
             await _bounded(step(slot.handle), timeout, f"{what} of {slot.instance_id}")
@@ -384,8 +443,11 @@ class Pool:
         if handle is None:
             return
         try:
-            await _bounded(self.provider.stop(handle), self.policy.reset_timeout_s,
-                           f"stopping {slot.instance_id}")
+            await _bounded(
+                self.provider.stop(handle),
+                self.policy.reset_timeout_s,
+                f"stopping {slot.instance_id}",
+            )
         except Exception as exc:  # noqa: BLE001 - a failed stop must not stop the pool
             log.warning("pool %s: stopping %s failed: %s", self.name, slot.instance_id, exc)
 
@@ -404,9 +466,14 @@ class Pool:
 
     def _info(self, slot: _Slot) -> InstanceInfo:
         return InstanceInfo(
-            instance_id=slot.instance_id, state=slot.state, generation=slot.generation,
-            endpoint=slot.endpoint, attempt_id=slot.attempt_id, leases=slot.leases,
-            failures=slot.failures, last_error=slot.last_error,
+            instance_id=slot.instance_id,
+            state=slot.state,
+            generation=slot.generation,
+            endpoint=slot.endpoint,
+            attempt_id=slot.attempt_id,
+            leases=slot.leases,
+            failures=slot.failures,
+            last_error=slot.last_error,
         )
 
     def _count(self, state: InstanceState) -> int:

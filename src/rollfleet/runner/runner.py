@@ -244,7 +244,9 @@ class Runner:
         try:
             async with asyncio.timeout(rollout.config.timeout_s or self.agent_timeout_s):
                 try:
-                    if self.llm_factory is not None:  # its failure is the attempt's, not the runner's
+                    if (
+                        self.llm_factory is not None
+                    ):  # its failure is the attempt's, not the runner's
                         ctx.llm = self.llm_factory(rollout)
                     value = await self._call_agent(rollout, ctx)
                     outcome = (AttemptStatus.SUCCEEDED, to_result(value), None)

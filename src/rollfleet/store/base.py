@@ -61,30 +61,45 @@ class Store(Protocol):
         """Queue many rollouts in one transaction: all or nothing."""
         ...
 
-    async def start_rollout(self, input: Any, mode: str | None = None, worker_id: str | None = None,
-                            **fields: Any) -> Rollout:
+    async def start_rollout(
+        self, input: Any, mode: str | None = None, worker_id: str | None = None, **fields: Any
+    ) -> Rollout:
         """Create a rollout already PREPARING and leased to the caller."""
         ...
 
-    async def claim(self, worker_id: str, wait_s: float = 0.0, max_n: int = 1,
-                    abandoned: Callable[[], Awaitable[bool]] | None = None) -> list[Rollout]:
+    async def claim(
+        self,
+        worker_id: str,
+        wait_s: float = 0.0,
+        max_n: int = 1,
+        abandoned: Callable[[], Awaitable[bool]] | None = None,
+    ) -> list[Rollout]:
         """Lease up to ``max_n`` queued rollouts; waits up to ``wait_s`` for one to arrive.
 
-        ``abandoned`` (in-process callers) says when the caller has gone, so nothing is leased to it;
+        ``abandoned`` (in-process callers) says when the caller has gone, so nothing is leased to
+        it;
         over HTTP the server watches the client's connection instead.
         """
         ...
 
-    async def claim_documents(self, worker_id: str, wait_s: float = 0.0, max_n: int = 1,
-                              abandoned: Callable[[], Awaitable[bool]] | None = None) -> list[dict[str, Any]]:
-        """``claim``, answered as plain JSON values (the wire form of Rollout, not yet validated records)."""
+    async def claim_documents(
+        self,
+        worker_id: str,
+        wait_s: float = 0.0,
+        max_n: int = 1,
+        abandoned: Callable[[], Awaitable[bool]] | None = None,
+    ) -> list[dict[str, Any]]:
+        """``claim``, answered as plain JSON values (the wire form of Rollout, not yet validated
+        records)."""
         ...
 
     async def heartbeat(self, attempt_id: str) -> HeartbeatReply:
         """Extend an attempt's lease; the reply says whether to keep going (cancelled, lost…)."""
         ...
 
-    async def heartbeat_many(self, attempt_ids: Sequence[str], worker_id: str | None = None) -> list[HeartbeatReply]:
+    async def heartbeat_many(
+        self, attempt_ids: Sequence[str], worker_id: str | None = None
+    ) -> list[HeartbeatReply]:
         """Extend several leases and the worker's own heartbeat in one call."""
         ...
 
@@ -92,8 +107,13 @@ class Store(Protocol):
         """Append trajectory steps; refused (Conflict) unless the attempt still owns the rollout."""
         ...
 
-    async def complete(self, attempt_id: str, status: AttemptStatus, result: RolloutResult | None = None,
-                       error: str | None = None) -> Rollout:
+    async def complete(
+        self,
+        attempt_id: str,
+        status: AttemptStatus,
+        result: RolloutResult | None = None,
+        error: str | None = None,
+    ) -> Rollout:
         """End an attempt: SUCCEEDED, FAILED, TIMEOUT or CANCELLED; fenced by attempt id."""
         ...
 
@@ -102,15 +122,20 @@ class Store(Protocol):
         ...
 
     async def release(self, attempt_id: str, reason: str = "released") -> Rollout:
-        """Give a rollout back to the queue without charging its retry budget (graceful shutdown)."""
+        """Give a rollout back to the queue without charging its retry budget (graceful
+        shutdown)."""
         ...
 
     async def cancel(self, rollout_id: str) -> Rollout:
         """Cancel a rollout that has not finished."""
         ...
 
-    async def requeue(self, statuses: Sequence[RolloutStatus] = (RolloutStatus.PREPARING,),
-                      rollout_ids: Sequence[str] | None = None, older_than_s: float = 0.0) -> list[str]:
+    async def requeue(
+        self,
+        statuses: Sequence[RolloutStatus] = (RolloutStatus.PREPARING,),
+        rollout_ids: Sequence[str] | None = None,
+        older_than_s: float = 0.0,
+    ) -> list[str]:
         """Operator reset: put stuck PREPARING/RUNNING rollouts back in the queue."""
         ...
 
@@ -118,21 +143,36 @@ class Store(Protocol):
         """Return one rollout or raise NotFound."""
         ...
 
-    async def query_rollouts(self, *, status: RolloutStatus | Sequence[RolloutStatus] | None = None,
-                             mode: str | None = None, batch_id: str | None = None, group_id: str | None = None,
-                             worker_id: str | None = None, search: str | None = None, cursor: str | None = None,
-                             limit: int = 100, order: str = "asc") -> Page[Rollout]:
+    async def query_rollouts(
+        self,
+        *,
+        status: RolloutStatus | Sequence[RolloutStatus] | None = None,
+        mode: str | None = None,
+        batch_id: str | None = None,
+        group_id: str | None = None,
+        worker_id: str | None = None,
+        search: str | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+        order: str = "asc",
+    ) -> Page[Rollout]:
         """Return a page of rollouts matching the filters."""
         ...
 
-    async def query_attempts(self, rollout_id: str | None = None, worker_id: str | None = None,
-                             status: Sequence[AttemptStatus] | None = None, cursor: str | None = None,
-                             limit: int = 100) -> Page[Attempt]:
+    async def query_attempts(
+        self,
+        rollout_id: str | None = None,
+        worker_id: str | None = None,
+        status: Sequence[AttemptStatus] | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> Page[Attempt]:
         """Return a page of attempts."""
         ...
 
-    async def register_worker(self, worker_id: str, metadata: dict[str, Any] | None = None,
-                              lease_s: float = 30.0) -> Worker:
+    async def register_worker(
+        self, worker_id: str, metadata: dict[str, Any] | None = None, lease_s: float = 30.0
+    ) -> Worker:
         """Create or revive a worker as IDLE."""
         ...
 
@@ -144,17 +184,25 @@ class Store(Protocol):
         """Return a page of workers."""
         ...
 
-    async def query_steps(self, rollout_id: str, attempt_id: str | None = None, cursor: str | None = None,
-                          limit: int = 500) -> Page[Step]:
+    async def query_steps(
+        self,
+        rollout_id: str,
+        attempt_id: str | None = None,
+        cursor: str | None = None,
+        limit: int = 500,
+    ) -> Page[Step]:
         """Return a page of a rollout's steps in order."""
         ...
 
-    async def query_steps_many(self, rollout_ids: Sequence[str], cursor: str | None = None,
-                               limit: int = 500) -> Page[Step]:
+    async def query_steps_many(
+        self, rollout_ids: Sequence[str], cursor: str | None = None, limit: int = 500
+    ) -> Page[Step]:
         """Return a page of the steps of up to 1,000 rollouts, by rollout id then sequence."""
         ...
 
-    async def add_resources(self, values: dict[str, Any], resources_id: str | None = None) -> Resources:
+    async def add_resources(
+        self, values: dict[str, Any], resources_id: str | None = None
+    ) -> Resources:
         """Store a new version of the resources agents use."""
         ...
 
@@ -167,7 +215,8 @@ class Store(Protocol):
         ...
 
     async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float) -> list[Rollout]:
-        """Wait until every given rollout is terminal or the timeout passes; return them as they are."""
+        """Wait until every given rollout is terminal or the timeout passes; return them as they
+        are."""
         ...
 
     async def reap(self) -> ReapReport:

@@ -68,7 +68,8 @@ class PostgresTx:
 
     @contextlib.contextmanager
     def savepoint(self) -> Iterator[None]:
-        """A nested transaction: an exception inside undoes only what ran inside, then propagates."""
+        """A nested transaction: an exception inside undoes only what ran inside, then
+        propagates."""
         with self._conn.transaction():
             yield
 
@@ -84,12 +85,20 @@ class PostgresBackend:
             from psycopg.rows import dict_row
             from psycopg_pool import ConnectionPool
         except ImportError as exc:
-            raise StoreUnavailable("PostgreSQL support needs: pip install 'rollfleet[postgres]'") from exc
+            raise StoreUnavailable(
+                "PostgreSQL support needs: pip install 'rollfleet[postgres]'"
+            ) from exc
         self._psycopg = psycopg
         self.url = url
         try:
-            self._pool = ConnectionPool(url, min_size=min_size, max_size=max_size, open=True, timeout=30,
-                                        kwargs={"row_factory": dict_row, "autocommit": False})
+            self._pool = ConnectionPool(
+                url,
+                min_size=min_size,
+                max_size=max_size,
+                open=True,
+                timeout=30,
+                kwargs={"row_factory": dict_row, "autocommit": False},
+            )
             self._pool.wait(timeout=30)
             with self._pool.connection() as conn:
                 conn.execute("SELECT pg_advisory_xact_lock(7740113)")  # one migrator at a time
@@ -100,8 +109,14 @@ class PostgresBackend:
             raise StoreUnavailable(f"cannot reach PostgreSQL at {url}: {exc}") from exc
         self._listener: asyncio.Task[None] | None = None
 
-    async def write(self, fn: Callable[..., T], *args: Any, durable: bool = True, bulk: bool = False,
-                    committed: Callable[[], None] | None = None) -> T:
+    async def write(
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        durable: bool = True,
+        bulk: bool = False,
+        committed: Callable[[], None] | None = None,
+    ) -> T:
         """Run ``fn(tx, *args)`` in its own transaction, retrying serialization failures.
 
         A write that is not durable (claims, heartbeats, reaper passes) commits with
@@ -151,8 +166,10 @@ class PostgresBackend:
                     await conn.execute("LISTEN rollfleet_finished")
                     store.wake()  # anything missed while not listening
                     async for note in conn.notifies():
-                        store.wake(queued=note.channel == "rollfleet_queued",
-                                   finished=note.channel == "rollfleet_finished")
+                        store.wake(
+                            queued=note.channel == "rollfleet_queued",
+                            finished=note.channel == "rollfleet_finished",
+                        )
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # reconnect; long-polls fall back to periodic checks meanwhile

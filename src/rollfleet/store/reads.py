@@ -10,7 +10,16 @@ from typing import Any
 
 from rollfleet.errors import InvalidInput, NotFound
 from rollfleet.model import (
-    Attempt, AttemptStatus, Page, Resources, Rollout, RolloutStatus, Statistics, Step, Worker, WorkerStatus,
+    Attempt,
+    AttemptStatus,
+    Page,
+    Resources,
+    Rollout,
+    RolloutStatus,
+    Statistics,
+    Step,
+    Worker,
+    WorkerStatus,
 )
 from rollfleet.store.base import MAX_STEP_ROLLOUTS
 from rollfleet.store.records import _ids, attempt_from_row, dumps, loads, rollout_from_row
@@ -21,15 +30,21 @@ MAX_PAGE = 1000
 
 def query_workers(tx: Tx, worker_id: str | None, cursor: str | None, limit: int) -> Page[Worker]:
     """Return workers by id, with the attempts each one holds now."""
-    rows = tx.all("select_workers", worker_id=worker_id, cursor=cursor or "", limit=min(limit, MAX_PAGE))
+    rows = tx.all(
+        "select_workers", worker_id=worker_id, cursor=cursor or "", limit=min(limit, MAX_PAGE)
+    )
     live: dict[str, list[str]] = {}
     for att in tx.all("live_attempts_by_worker", ids=_ids([r["worker_id"] for r in rows])):
         live.setdefault(att["worker_id"], []).append(att["attempt_id"])
     items = [
         Worker(
-            worker_id=r["worker_id"], status=WorkerStatus(r["status"]), current_attempts=live.get(r["worker_id"], []),
-            registered_at=r["registered_at"], last_heartbeat_at=r["last_heartbeat_at"],
-            rollouts_succeeded=r["rollouts_succeeded"], rollouts_failed=r["rollouts_failed"],
+            worker_id=r["worker_id"],
+            status=WorkerStatus(r["status"]),
+            current_attempts=live.get(r["worker_id"], []),
+            registered_at=r["registered_at"],
+            last_heartbeat_at=r["last_heartbeat_at"],
+            rollouts_succeeded=r["rollouts_succeeded"],
+            rollouts_failed=r["rollouts_failed"],
             metadata=loads(r["metadata"]),
         )
         for r in rows
@@ -50,18 +65,33 @@ def _int_cursor(cursor: str | None, default: int) -> int:
 
 
 def query_rollouts(
-    tx: Tx, *, statuses: Sequence[RolloutStatus] | None, mode: str | None, batch_id: str | None,
-    group_id: str | None, worker_id: str | None, search: str | None, cursor: str | None, limit: int,
-    order: str, updated_after: float | None = None,
+    tx: Tx,
+    *,
+    statuses: Sequence[RolloutStatus] | None,
+    mode: str | None,
+    batch_id: str | None,
+    group_id: str | None,
+    worker_id: str | None,
+    search: str | None,
+    cursor: str | None,
+    limit: int,
+    order: str,
+    updated_after: float | None = None,
 ) -> Page[Rollout]:
     """Return a page of rollouts matching every given filter, oldest or newest first."""
     if order not in ("asc", "desc"):
         raise InvalidInput("order must be 'asc' or 'desc'")
     limit = max(1, min(limit, MAX_PAGE))
     rows = tx.all(
-        f"query_rollouts_{order}", cursor=_int_cursor(cursor, -1 if order == "asc" else 2**62),
-        statuses=None if not statuses else dumps([s.value for s in statuses]), mode=mode, batch_id=batch_id,
-        group_id=group_id, worker_id=worker_id, search=search or None, limit=limit,
+        f"query_rollouts_{order}",
+        cursor=_int_cursor(cursor, -1 if order == "asc" else 2**62),
+        statuses=None if not statuses else dumps([s.value for s in statuses]),
+        mode=mode,
+        batch_id=batch_id,
+        group_id=group_id,
+        worker_id=worker_id,
+        search=search or None,
+        limit=limit,
         updated_after=updated_after,
     )
     next_cursor = str(rows[-1]["seq"]) if len(rows) == limit else None
@@ -69,14 +99,22 @@ def query_rollouts(
 
 
 def query_attempts(
-    tx: Tx, rollout_id: str | None, worker_id: str | None, statuses: Sequence[AttemptStatus] | None,
-    cursor: str | None, limit: int,
+    tx: Tx,
+    rollout_id: str | None,
+    worker_id: str | None,
+    statuses: Sequence[AttemptStatus] | None,
+    cursor: str | None,
+    limit: int,
 ) -> Page[Attempt]:
     """Return a page of attempts, oldest first."""
     limit = max(1, min(limit, MAX_PAGE))
     rows = tx.all(
-        "select_attempts", rollout_id=rollout_id, worker_id=worker_id, cursor=_int_cursor(cursor, -1),
-        statuses=None if not statuses else dumps([s.value for s in statuses]), limit=limit,
+        "select_attempts",
+        rollout_id=rollout_id,
+        worker_id=worker_id,
+        cursor=_int_cursor(cursor, -1),
+        statuses=None if not statuses else dumps([s.value for s in statuses]),
+        limit=limit,
     )
     next_cursor = None
     if len(rows) == limit:
@@ -86,26 +124,40 @@ def query_attempts(
 
 
 def query_steps(
-    tx: Tx, rollout_id: str, attempt_id: str | None, cursor: str | None, limit: int,
+    tx: Tx,
+    rollout_id: str,
+    attempt_id: str | None,
+    cursor: str | None,
+    limit: int,
 ) -> Page[Step]:
     """Return a page of a rollout's steps in order."""
     limit = max(1, min(limit, MAX_PAGE))
-    rows = tx.all("select_steps", rollout_id=rollout_id, attempt_id=attempt_id,
-                  cursor=_int_cursor(cursor, 0), limit=limit)
+    rows = tx.all(
+        "select_steps",
+        rollout_id=rollout_id,
+        attempt_id=attempt_id,
+        cursor=_int_cursor(cursor, 0),
+        limit=limit,
+    )
     items = [_step(r) for r in rows]
     return Page(items=items, next_cursor=str(items[-1].sequence) if len(items) == limit else None)
 
 
 def query_steps_many(
-    tx: Tx, rollout_ids: Sequence[str], cursor: str | None, limit: int,
+    tx: Tx,
+    rollout_ids: Sequence[str],
+    cursor: str | None,
+    limit: int,
 ) -> Page[Step]:
     """Return a page of the steps of many rollouts, by rollout id then sequence.
 
     The cursor is ``<sequence>:<rollout_id>`` of the last step returned (ids may hold colons).
     """
     if len(rollout_ids) > MAX_STEP_ROLLOUTS:
-        raise InvalidInput(f"query_steps_many: at most {MAX_STEP_ROLLOUTS} rollout ids a call, "
-                           f"got {len(rollout_ids)}")
+        raise InvalidInput(
+            f"query_steps_many: at most {MAX_STEP_ROLLOUTS} rollout ids a call, "
+            f"got {len(rollout_ids)}"
+        )
     if not rollout_ids:
         return Page(items=[])
     after_sequence, after_id = 0, ""
@@ -115,8 +167,13 @@ def query_steps_many(
             raise InvalidInput(f"cursor {cursor!r} is not a cursor this store returned")
         after_sequence = _int_cursor(head, 0)
     limit = max(1, min(limit, MAX_PAGE))
-    rows = tx.all("select_steps_many", ids=_ids(rollout_ids), after_id=after_id,
-                  after_sequence=after_sequence, limit=limit)
+    rows = tx.all(
+        "select_steps_many",
+        ids=_ids(rollout_ids),
+        after_id=after_id,
+        after_sequence=after_sequence,
+        limit=limit,
+    )
     items = [_step(r) for r in rows]
     if len(items) < limit:
         return Page(items=items)
@@ -124,8 +181,14 @@ def query_steps_many(
 
 
 def _step(r: Row) -> Step:
-    return Step(rollout_id=r["rollout_id"], attempt_id=r["attempt_id"], sequence=r["sequence"],
-                kind=r["kind"], payload=loads(r["payload"]), timestamp=r["timestamp"])
+    return Step(
+        rollout_id=r["rollout_id"],
+        attempt_id=r["attempt_id"],
+        sequence=r["sequence"],
+        kind=r["kind"],
+        payload=loads(r["payload"]),
+        timestamp=r["timestamp"],
+    )
 
 
 def get_resources(tx: Tx, resources_id: str | None) -> Resources | None:
@@ -133,8 +196,12 @@ def get_resources(tx: Tx, resources_id: str | None) -> Resources | None:
     row = tx.one("select_resources", resources_id=resources_id)
     if row is None:
         return None
-    return Resources(resources_id=row["resources_id"], version=row["version"], values=loads(row["vals"]),
-                     created_at=row["created_at"])
+    return Resources(
+        resources_id=row["resources_id"],
+        version=row["version"],
+        values=loads(row["vals"]),
+        created_at=row["created_at"],
+    )
 
 
 def statistics(tx: Tx) -> Statistics:
@@ -146,8 +213,12 @@ def statistics(tx: Tx) -> Statistics:
     totals = tx.one("rollout_totals") or {}
     mean = totals.get("reward_mean")
     return Statistics(
-        rollouts=rollouts, workers=workers, queue_depth=rollouts["queuing"], total_rollouts=sum(rollouts.values()),
-        steps=int(totals.get("steps") or 0), reward_mean=None if mean is None else float(mean),
+        rollouts=rollouts,
+        workers=workers,
+        queue_depth=rollouts["queuing"],
+        total_rollouts=sum(rollouts.values()),
+        steps=int(totals.get("steps") or 0),
+        reward_mean=None if mean is None else float(mean),
     )
 
 

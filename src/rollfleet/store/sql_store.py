@@ -13,17 +13,37 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from rollfleet.model import (
-    Attempt, AttemptStatus, Completion, CompletionOutcome, HeartbeatReply, Page, ReapReport, Resources, Rollout, RolloutResult,
-    RolloutSpec, RolloutStatus, Statistics, Step, StepIn, Worker, WorkerStatus, now as wall_now,
-)
 from rollfleet.errors import InvalidInput, NotFound
+from rollfleet.model import (
+    Attempt,
+    AttemptStatus,
+    Completion,
+    CompletionOutcome,
+    HeartbeatReply,
+    Page,
+    ReapReport,
+    Resources,
+    Rollout,
+    RolloutResult,
+    RolloutSpec,
+    RolloutStatus,
+    Statistics,
+    Step,
+    StepIn,
+    Worker,
+    WorkerStatus,
+)
+from rollfleet.model import (
+    now as wall_now,
+)
 from rollfleet.store import ops, reads, records
 
 log = logging.getLogger("rollfleet.store")
 T = TypeVar("T")
 BULK = 1000  # a write of more items than this runs off the event loop (see SqliteBackend)
-FALLBACK_POLL_S = 1.0  # only matters when another process writes the same database without notifying
+FALLBACK_POLL_S = (
+    1.0  # only matters when another process writes the same database without notifying
+)
 
 
 class Backend(Protocol):
@@ -31,10 +51,18 @@ class Backend(Protocol):
 
     dialect: str
 
-    async def write(self, fn: Callable[..., T], *args: Any, durable: bool = True, bulk: bool = False,
-                    committed: Callable[[], None] | None = None) -> T:
-        """Run an operation in a write transaction (``durable``: on disk before it returns; ``bulk``: a
-        long one, kept off the event loop; ``committed``: called once it is visible to other writers)."""
+    async def write(
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        durable: bool = True,
+        bulk: bool = False,
+        committed: Callable[[], None] | None = None,
+    ) -> T:
+        """Run an operation in a write transaction (``durable``: on disk before it returns;
+        ``bulk``: a
+        long one, kept off the event loop; ``committed``: called once it is visible to other
+        writers)."""
         ...
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
@@ -112,9 +140,17 @@ class SqlStore:
             return True
         return False
 
-    async def _write(self, fn: Callable[..., T], *args: Any, durable: bool = True, bulk: bool = False,
-                     committed: Callable[[], None] | None = None) -> T:
-        result = await self.backend.write(fn, *args, durable=durable, bulk=bulk, committed=committed)
+    async def _write(
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        durable: bool = True,
+        bulk: bool = False,
+        committed: Callable[[], None] | None = None,
+    ) -> T:
+        result = await self.backend.write(
+            fn, *args, durable=durable, bulk=bulk, committed=committed
+        )
         self._changed.notify()
         return result
 
@@ -129,27 +165,47 @@ class SqlStore:
         if not specs:
             return []
         # idle claims wake at the commit: new work is visible to them before it is durable
-        return await self._write(ops.enqueue_many, list(specs), self._clock(), bulk=len(specs) > BULK,
-                                 committed=self._queued.notify)
+        return await self._write(
+            ops.enqueue_many,
+            list(specs),
+            self._clock(),
+            bulk=len(specs) > BULK,
+            committed=self._queued.notify,
+        )
 
-    async def start_rollout(self, input: Any, mode: str | None = None, worker_id: str | None = None,
-                            **fields: Any) -> Rollout:
+    async def start_rollout(
+        self, input: Any, mode: str | None = None, worker_id: str | None = None, **fields: Any
+    ) -> Rollout:
         """Create a rollout already PREPARING and leased to the caller."""
         spec = RolloutSpec(input=input, mode=mode, **fields)
         return await self._write(ops.start_rollout, spec, worker_id, self._clock())
 
-    async def claim(self, worker_id: str, wait_s: float = 0.0, max_n: int = 1,
-                    abandoned: Callable[[], Awaitable[bool]] | None = None) -> list[Rollout]:
+    async def claim(
+        self,
+        worker_id: str,
+        wait_s: float = 0.0,
+        max_n: int = 1,
+        abandoned: Callable[[], Awaitable[bool]] | None = None,
+    ) -> list[Rollout]:
         """Lease up to ``max_n`` queued rollouts; waits up to ``wait_s`` for one to arrive.
 
         ``abandoned`` is asked after every wait: when the caller has gone (an HTTP client that
         disconnected), nothing is leased to it.
         """
-        return [Rollout.model_validate(doc) for doc in await self.claim_documents(worker_id, wait_s, max_n, abandoned)]
+        return [
+            Rollout.model_validate(doc)
+            for doc in await self.claim_documents(worker_id, wait_s, max_n, abandoned)
+        ]
 
-    async def claim_documents(self, worker_id: str, wait_s: float = 0.0, max_n: int = 1,
-                              abandoned: Callable[[], Awaitable[bool]] | None = None) -> list[dict[str, Any]]:
-        """``claim``, answered as plain JSON values: what the HTTP server sends on without building records."""
+    async def claim_documents(
+        self,
+        worker_id: str,
+        wait_s: float = 0.0,
+        max_n: int = 1,
+        abandoned: Callable[[], Awaitable[bool]] | None = None,
+    ) -> list[dict[str, Any]]:
+        """``claim``, answered as plain JSON values: what the HTTP server sends on without building
+        records."""
         if max_n < 1:
             raise InvalidInput("claim: max_n must be at least 1")
         deadline = time.monotonic() + max(0.0, wait_s)
@@ -160,7 +216,9 @@ class SqlStore:
                 return []
             waited = True
             event = self._queued.current()
-            got = await self.backend.write(ops.claim, worker_id, max_n, self._clock(), durable=False)
+            got = await self.backend.write(
+                ops.claim, worker_id, max_n, self._clock(), durable=False
+            )
             if got:
                 self._changed.notify()
             remaining = deadline - time.monotonic()
@@ -175,19 +233,31 @@ class SqlStore:
             raise NotFound(f"attempt {attempt_id} not found")
         return replies[0]
 
-    async def heartbeat_many(self, attempt_ids: Sequence[str], worker_id: str | None = None) -> list[HeartbeatReply]:
+    async def heartbeat_many(
+        self, attempt_ids: Sequence[str], worker_id: str | None = None
+    ) -> list[HeartbeatReply]:
         """Extend several leases and the worker's own heartbeat in one call."""
-        return await self._write(ops.heartbeat, list(attempt_ids), worker_id, self._clock(), durable=False)
+        return await self._write(
+            ops.heartbeat, list(attempt_ids), worker_id, self._clock(), durable=False
+        )
 
     async def add_steps(self, attempt_id: str, steps: Sequence[StepIn]) -> int:
         """Append trajectory steps; refused unless the attempt still owns the rollout."""
-        return await self._write(ops.add_steps, attempt_id, list(steps), self._clock(), bulk=len(steps) > BULK)
+        return await self._write(
+            ops.add_steps, attempt_id, list(steps), self._clock(), bulk=len(steps) > BULK
+        )
 
-    async def complete(self, attempt_id: str, status: AttemptStatus, result: RolloutResult | None = None,
-                       error: str | None = None) -> Rollout:
+    async def complete(
+        self,
+        attempt_id: str,
+        status: AttemptStatus,
+        result: RolloutResult | None = None,
+        error: str | None = None,
+    ) -> Rollout:
         """End an attempt with its outcome; fenced by attempt id."""
-        rollout = await self._write(ops.complete, attempt_id, AttemptStatus(status), result, error,
-                                           self._clock())
+        rollout = await self._write(
+            ops.complete, attempt_id, AttemptStatus(status), result, error, self._clock()
+        )
         self.wake(queued=rollout.status is RolloutStatus.QUEUING, finished=rollout.terminal)
         return rollout
 
@@ -197,7 +267,10 @@ class SqlStore:
             return []
         outcomes = await self._write(ops.complete_many, list(items), self._clock())
         statuses = {o.rollout_status for o in outcomes}
-        self.wake(queued=RolloutStatus.QUEUING in statuses, finished=any(s is not None and s.terminal for s in statuses))
+        self.wake(
+            queued=RolloutStatus.QUEUING in statuses,
+            finished=any(s is not None and s.terminal for s in statuses),
+        )
         return outcomes
 
     async def release(self, attempt_id: str, reason: str = "released") -> Rollout:
@@ -212,11 +285,21 @@ class SqlStore:
         self._finished.notify()
         return rollout
 
-    async def requeue(self, statuses: Sequence[RolloutStatus] = (RolloutStatus.PREPARING,),
-                      rollout_ids: Sequence[str] | None = None, older_than_s: float = 0.0) -> list[str]:
+    async def requeue(
+        self,
+        statuses: Sequence[RolloutStatus] = (RolloutStatus.PREPARING,),
+        rollout_ids: Sequence[str] | None = None,
+        older_than_s: float = 0.0,
+    ) -> list[str]:
         """Operator reset: put stuck PREPARING/RUNNING rollouts back in the queue."""
-        ids = await self._write(ops.requeue, _statuses(statuses) or [], rollout_ids, older_than_s,
-                                self._clock(), bulk=True)
+        ids = await self._write(
+            ops.requeue,
+            _statuses(statuses) or [],
+            rollout_ids,
+            older_than_s,
+            self._clock(),
+            bulk=True,
+        )
         if ids:
             log.info("requeued %d rollouts by operator request", len(ids))
             self._queued.notify()
@@ -241,30 +324,59 @@ class SqlStore:
         """Return one rollout or raise NotFound."""
         return await self.backend.read(records.get_rollout, rollout_id)
 
-    async def query_rollouts(self, *, status: Any = None, mode: str | None = None, batch_id: str | None = None,
-                             group_id: str | None = None, worker_id: str | None = None, search: str | None = None,
-                             cursor: str | None = None, limit: int = 100, order: str = "asc",
-                             updated_after: float | None = None) -> Page[Rollout]:
-        """Return a page of rollouts matching the filters (``updated_after``: changed since then)."""
+    async def query_rollouts(
+        self,
+        *,
+        status: Any = None,
+        mode: str | None = None,
+        batch_id: str | None = None,
+        group_id: str | None = None,
+        worker_id: str | None = None,
+        search: str | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+        order: str = "asc",
+        updated_after: float | None = None,
+    ) -> Page[Rollout]:
+        """Return a page of rollouts matching the filters (``updated_after``: changed since
+        then)."""
         return await self.backend.read(
             lambda tx: reads.query_rollouts(
-                tx, statuses=_statuses(status), mode=mode, batch_id=batch_id, group_id=group_id,
-                worker_id=worker_id, search=search, cursor=cursor, limit=limit, order=order,
+                tx,
+                statuses=_statuses(status),
+                mode=mode,
+                batch_id=batch_id,
+                group_id=group_id,
+                worker_id=worker_id,
+                search=search,
+                cursor=cursor,
+                limit=limit,
+                order=order,
                 updated_after=updated_after,
             )
         )
 
-    async def query_attempts(self, rollout_id: str | None = None, worker_id: str | None = None,
-                             status: Sequence[AttemptStatus] | None = None, cursor: str | None = None,
-                             limit: int = 100) -> Page[Attempt]:
+    async def query_attempts(
+        self,
+        rollout_id: str | None = None,
+        worker_id: str | None = None,
+        status: Sequence[AttemptStatus] | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> Page[Attempt]:
         """Return a page of attempts."""
         statuses = None if status is None else [AttemptStatus(s) for s in status]
-        return await self.backend.read(reads.query_attempts, rollout_id, worker_id, statuses, cursor, limit)
+        return await self.backend.read(
+            reads.query_attempts, rollout_id, worker_id, statuses, cursor, limit
+        )
 
-    async def register_worker(self, worker_id: str, metadata: dict[str, Any] | None = None,
-                              lease_s: float = 30.0) -> Worker:
+    async def register_worker(
+        self, worker_id: str, metadata: dict[str, Any] | None = None, lease_s: float = 30.0
+    ) -> Worker:
         """Create or revive a worker as IDLE."""
-        worker = await self._write(ops.register_worker, worker_id, metadata or {}, lease_s, self._clock())
+        worker = await self._write(
+            ops.register_worker, worker_id, metadata or {}, lease_s, self._clock()
+        )
         log.info("worker %s registered", worker_id)
         return worker
 
@@ -277,17 +389,25 @@ class SqlStore:
         """Return a page of workers."""
         return await self.backend.read(reads.query_workers, None, cursor, limit)
 
-    async def query_steps(self, rollout_id: str, attempt_id: str | None = None, cursor: str | None = None,
-                          limit: int = 500) -> Page[Step]:
+    async def query_steps(
+        self,
+        rollout_id: str,
+        attempt_id: str | None = None,
+        cursor: str | None = None,
+        limit: int = 500,
+    ) -> Page[Step]:
         """Return a page of a rollout's steps in order."""
         return await self.backend.read(reads.query_steps, rollout_id, attempt_id, cursor, limit)
 
-    async def query_steps_many(self, rollout_ids: Sequence[str], cursor: str | None = None,
-                               limit: int = 500) -> Page[Step]:
+    async def query_steps_many(
+        self, rollout_ids: Sequence[str], cursor: str | None = None, limit: int = 500
+    ) -> Page[Step]:
         """Return a page of the steps of up to 1,000 rollouts, by rollout id then sequence."""
         return await self.backend.read(reads.query_steps_many, list(rollout_ids), cursor, limit)
 
-    async def add_resources(self, values: dict[str, Any], resources_id: str | None = None) -> Resources:
+    async def add_resources(
+        self, values: dict[str, Any], resources_id: str | None = None
+    ) -> Resources:
         """Store a new version of the resources agents use."""
         return await self._write(ops.add_resources, values, resources_id, self._clock())
 
@@ -300,7 +420,8 @@ class SqlStore:
         return await self.backend.read(reads.statistics)
 
     async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float) -> list[Rollout]:
-        """Wait until every given rollout is terminal or the timeout passes; return them as they are."""
+        """Wait until every given rollout is terminal or the timeout passes; return them as they
+        are."""
         deadline = time.monotonic() + max(0.0, timeout)
         self._ensure_listening()
         ids = list(rollout_ids)
@@ -329,7 +450,9 @@ class SqlStore:
     def start_reaper(self, interval_s: float = 1.0) -> None:
         """Run the reaper in the background every ``interval_s`` seconds."""
         if self._reaper is None:
-            self._reaper = asyncio.create_task(self._reap_forever(interval_s), name="rollfleet-reaper")
+            self._reaper = asyncio.create_task(
+                self._reap_forever(interval_s), name="rollfleet-reaper"
+            )
 
     async def _reap_forever(self, interval_s: float) -> None:
         while True:

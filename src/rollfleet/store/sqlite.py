@@ -68,7 +68,8 @@ class SqliteTx:
 
     @contextlib.contextmanager
     def savepoint(self) -> Iterator[None]:
-        """A nested transaction: an exception inside undoes only what ran inside, then propagates."""
+        """A nested transaction: an exception inside undoes only what ran inside, then
+        propagates."""
         self._conn.execute("SAVEPOINT nested")
         try:
             yield
@@ -90,7 +91,9 @@ def _connect(path: str) -> sqlite3.Connection:
     conn.execute("PRAGMA synchronous=NORMAL")  # commits skip the fsync: the flusher thread does it
     conn.execute("PRAGMA foreign_keys=ON")
     conn.execute("PRAGMA busy_timeout=30000")
-    conn.execute("PRAGMA cache_size=-65536")  # 64 MiB of pages: the default 2 MiB misses once the queue is large
+    conn.execute(
+        "PRAGMA cache_size=-65536"
+    )  # 64 MiB of pages: the default 2 MiB misses once the queue is large
     return conn
 
 
@@ -98,10 +101,12 @@ def path_from_url(url: str) -> str:
     """Turn ``sqlite:///relative/path.db`` or ``sqlite:////abs/path.db`` into a file path."""
     if not url.startswith("sqlite://"):
         raise ValueError(f"not a sqlite URL: {url}")
-    path = url[len("sqlite://"):]
+    path = url[len("sqlite://") :]
     path = path[1:] if path.startswith("/") else path
     if not path:
-        raise ValueError("sqlite URL needs a file path: sqlite:///relative.db or sqlite:////absolute.db")
+        raise ValueError(
+            "sqlite URL needs a file path: sqlite:///relative.db or sqlite:////absolute.db"
+        )
     return path
 
 
@@ -116,21 +121,36 @@ class SqliteBackend:
         self._writer_conn = _connect(path)
         self._local = threading.local()
         self._reader_conns: list[sqlite3.Connection] = []
-        self._readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rollfleet-sqlite-read")
+        self._readers = ThreadPoolExecutor(
+            max_workers=2, thread_name_prefix="rollfleet-sqlite-read"
+        )
         SqliteTx(self._writer_conn).script("schema")
         self._flushes: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._flusher = threading.Thread(target=self._flush_loop, name="rollfleet-sqlite-flush", daemon=True)
+        self._flusher = threading.Thread(
+            target=self._flush_loop, name="rollfleet-sqlite-flush", daemon=True
+        )
         self._flusher.start()
         self._tx = SqliteTx(self._writer_conn)
-        self._conn_lock = threading.Lock()  # the writer connection: the loop's groups or one bulk write
+        self._conn_lock = (
+            threading.Lock()
+        )  # the writer connection: the loop's groups or one bulk write
         self._pending: list[Any] = []
-        self._pending_lock = threading.Lock()  # a store used from several event loops stays consistent
+        self._pending_lock = (
+            threading.Lock()
+        )  # a store used from several event loops stays consistent
         self._bulk = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollfleet-sqlite-bulk")
         self._closed = False
 
-    async def write(self, fn: Callable[..., T], *args: Any, durable: bool = True, bulk: bool = False,
-                    committed: Callable[[], None] | None = None) -> T:
-        """Run ``fn(tx, *args)`` in the next group commit; a durable write returns once it is on disk.
+    async def write(
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        durable: bool = True,
+        bulk: bool = False,
+        committed: Callable[[], None] | None = None,
+    ) -> T:
+        """Run ``fn(tx, *args)`` in the next group commit; a durable write returns once it is on
+        disk.
 
         ``committed`` is called on the caller's loop as soon as the write is committed and visible,
         before it is durable: a waiting claim need not wait for the disk to see new work.
@@ -205,7 +225,10 @@ class SqliteBackend:
                 conn.execute("ROLLBACK")
             log.error("sqlite commit failed: %s", exc)
             failure = StoreUnavailable(f"sqlite commit failed: {exc}")
-            outcomes = [((fut, loop, False), None, failure) for _fn, _args, fut, loop, _durable, _done in group]
+            outcomes = [
+                ((fut, loop, False), None, failure)
+                for _fn, _args, fut, loop, _durable, _done in group
+            ]
         else:
             for item, ((_fut, loop, _durable), _value, error) in zip(group, outcomes, strict=True):
                 if error is None and item[5] is not None:
@@ -254,7 +277,9 @@ class SqliteBackend:
         self._closed = True
         self._drain()
         await asyncio.to_thread(self._bulk.shutdown, wait=True)
-        self._flushes.put(_STOP)  # after the last write: every durable one it committed is synced first
+        self._flushes.put(
+            _STOP
+        )  # after the last write: every durable one it committed is synced first
         await asyncio.to_thread(self._flusher.join)
         self._readers.shutdown(wait=True)
         await asyncio.to_thread(self._close_connections)
@@ -276,7 +301,8 @@ def _wrap(exc: Exception) -> BaseException:
 
 
 def _soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
-    """Schedule ``fn`` on ``loop``: directly from its own thread (no wake-up pipe), else thread-safely."""
+    """Schedule ``fn`` on ``loop``: directly from its own thread (no wake-up pipe), else
+    thread-safely."""
     try:
         here = asyncio.get_running_loop()
     except RuntimeError:

@@ -33,5 +33,6 @@ class Tx(Protocol):
         ...
 
     def savepoint(self) -> AbstractContextManager[None]:
-        """A nested transaction: an exception inside undoes only what ran inside, then propagates."""
+        """A nested transaction: an exception inside undoes only what ran inside, then
+        propagates."""
         ...

@@ -1,1 +1,2 @@
-"""Pool providers: sandbox (Python subprocesses), desktop (OSWorld DesktopEnv), command (shell), memory (tests)."""
+"""Pool providers: sandbox (Python subprocesses), desktop (OSWorld DesktopEnv), command (shell),
+memory (tests)."""

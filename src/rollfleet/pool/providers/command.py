@@ -50,11 +50,20 @@ class CommandProvider:
 
     async def _sh(self, step: str, command: str, instance_id: str, endpoint: str | None) -> str:
         """Run one command; return its stdout; raise PoolError naming the step on failure."""
-        env = {**os.environ, **self.spec.env, "ROLLFLEET_INSTANCE_ID": instance_id,
-               "ROLLFLEET_ENDPOINT": endpoint or ""}
+        env = {
+            **os.environ,
+            **self.spec.env,
+            "ROLLFLEET_INSTANCE_ID": instance_id,
+            "ROLLFLEET_ENDPOINT": endpoint or "",
+        }
         proc = await asyncio.create_subprocess_exec(
-            "/bin/sh", "-c", command, env=env, start_new_session=True,
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            "/bin/sh",
+            "-c",
+            command,
+            env=env,
+            start_new_session=True,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
         try:
@@ -62,7 +71,9 @@ class CommandProvider:
         except TimeoutError as exc:
             proc.kill()
             await proc.wait()
-            raise PoolError(f"{step} command for {instance_id} ran over {self.spec.timeout_s}s") from exc
+            raise PoolError(
+                f"{step} command for {instance_id} ran over {self.spec.timeout_s}s"
+            ) from exc
         if proc.returncode != 0:
             tail = err.decode(errors="replace").strip()[-500:]
             raise PoolError(f"{step} command for {instance_id} exited {proc.returncode}: {tail}")

@@ -46,11 +46,17 @@ class DesktopOptions(BaseModel):
     def env_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``DesktopEnv(...)``."""
         return {
-            "provider_name": self.provider_name, "path_to_vm": self.path_to_vm,
-            "snapshot_name": self.snapshot_name, "action_space": self.action_space,
-            "screen_size": (self.screen_width, self.screen_height), "headless": self.headless,
-            "client_password": self.client_password, "region": self.region,
-            "os_type": self.os_type, "require_a11y_tree": self.require_a11y_tree, **self.extra,
+            "provider_name": self.provider_name,
+            "path_to_vm": self.path_to_vm,
+            "snapshot_name": self.snapshot_name,
+            "action_space": self.action_space,
+            "screen_size": (self.screen_width, self.screen_height),
+            "headless": self.headless,
+            "client_password": self.client_password,
+            "region": self.region,
+            "os_type": self.os_type,
+            "require_a11y_tree": self.require_a11y_tree,
+            **self.extra,
         }
 
 
@@ -59,27 +65,43 @@ def load_desktop_env() -> Callable[..., Any]:
     try:
         module = importlib.import_module("desktop_env.desktop_env")
     except ImportError as exc:
-        raise PoolError("desktop pool: the desktop-env package is not installed; "
-                        "install it with: pip install 'rollfleet[desktop]'") from exc
+        raise PoolError(
+            "desktop pool: the desktop-env package is not installed; "
+            "install it with: pip install 'rollfleet[desktop]'"
+        ) from exc
     return module.DesktopEnv  # type: ignore[no-any-return]
 
 
-def check_hypervisor(options: DesktopOptions, which: Callable[[str], str | None] = shutil.which) -> None:
+def check_hypervisor(
+    options: DesktopOptions, which: Callable[[str], str | None] = shutil.which
+) -> None:
     """Raise PoolError naming what is missing for ``options.provider_name`` on this machine."""
     name = options.provider_name
     tool = HYPERVISOR_TOOL.get(name)
     if tool and which(tool) is None:
-        raise PoolError(f"desktop pool: provider_name={name!r} needs the `{tool}` command on PATH, "
-                        f"and it is not there; install {name} or choose another provider_name")
-    if name == "docker" and not (os.environ.get("DOCKER_HOST") or Path("/var/run/docker.sock").exists()):
-        raise PoolError("desktop pool: provider_name='docker' but no docker engine is reachable "
-                        "(no DOCKER_HOST and no /var/run/docker.sock)")
+        raise PoolError(
+            f"desktop pool: provider_name={name!r} needs the `{tool}` command on PATH, "
+            f"and it is not there; install {name} or choose another provider_name"
+        )
+    if name == "docker" and not (
+        os.environ.get("DOCKER_HOST") or Path("/var/run/docker.sock").exists()
+    ):
+        raise PoolError(
+            "desktop pool: provider_name='docker' but no docker engine is reachable "
+            "(no DOCKER_HOST and no /var/run/docker.sock)"
+        )
     if name == "aws":
         if importlib.util.find_spec("boto3") is None:
             raise PoolError("desktop pool: provider_name='aws' needs boto3 (pip install boto3)")
         if not (options.region or os.environ.get("AWS_REGION")):
-            raise PoolError("desktop pool: provider_name='aws' needs a region (option region or AWS_REGION)")
-    if name in ("vmware", "virtualbox") and options.path_to_vm and not Path(options.path_to_vm).exists():
+            raise PoolError(
+                "desktop pool: provider_name='aws' needs a region (option region or AWS_REGION)"
+            )
+    if (
+        name in ("vmware", "virtualbox")
+        and options.path_to_vm
+        and not Path(options.path_to_vm).exists()
+    ):
         raise PoolError(f"desktop pool: path_to_vm {options.path_to_vm} does not exist")
 
 
@@ -88,9 +110,13 @@ class DesktopProvider:
 
     name = "desktop"
 
-    def __init__(self, options: DesktopOptions | None = None, *,
-                 env_class: Callable[..., Any] | None = None,
-                 which: Callable[[str], str | None] = shutil.which) -> None:
+    def __init__(
+        self,
+        options: DesktopOptions | None = None,
+        *,
+        env_class: Callable[..., Any] | None = None,
+        which: Callable[[str], str | None] = shutil.which,
+    ) -> None:
         """``env_class``: what to build instead of OSWorld's DesktopEnv (e.g. the stand-in)."""
         self.options = options or DesktopOptions()
         self._env_class = env_class
@@ -162,10 +188,14 @@ class DesktopEnvStandIn:
 
     def _obs(self) -> dict[str, Any]:
         task = self.task_config or {}
-        return {"screenshot": self.controller.get_screenshot(), "instruction": task.get("instruction")}
+        return {
+            "screenshot": self.controller.get_screenshot(),
+            "instruction": task.get("instruction"),
+        }
 
-    def reset(self, task_config: dict[str, Any] | None = None, seed: Any = None,
-              options: Any = None) -> dict[str, Any]:
+    def reset(
+        self, task_config: dict[str, Any] | None = None, seed: Any = None, options: Any = None
+    ) -> dict[str, Any]:
         """Revert to the snapshot (an empty screen); remember the task."""
         if self.closed:
             raise RuntimeError("DesktopEnv is closed")
@@ -173,7 +203,9 @@ class DesktopEnvStandIn:
         self.resets += 1
         return self._obs()
 
-    def step(self, action: Any, pause: float = 0) -> tuple[dict[str, Any], float, bool, dict[str, Any]]:
+    def step(
+        self, action: Any, pause: float = 0
+    ) -> tuple[dict[str, Any], float, bool, dict[str, Any]]:
         """Apply one action; returns (obs, reward, done, info) like DesktopEnv."""
         if self.closed or self.crashed:
             raise RuntimeError("the VM is not running")
@@ -182,8 +214,12 @@ class DesktopEnvStandIn:
             return self._obs(), 0.0, True, {"done": action}
         if isinstance(action, dict) and action.get("action_type") == "TYPING":
             self.screen += str(action.get("text", ""))
-        elif isinstance(action, str) and action.startswith("pyautogui.write(") and action.endswith(")"):
-            self.screen += action[len("pyautogui.write("):-1].strip("'\"")
+        elif (
+            isinstance(action, str)
+            and action.startswith("pyautogui.write(")
+            and action.endswith(")")
+        ):
+            self.screen += action[len("pyautogui.write(") : -1].strip("'\"")
         return self._obs(), 0.0, False, {}
 
     def evaluate(self) -> float:

@@ -38,9 +38,13 @@ class SandboxLimits(BaseModel):
     cpu_s: int = Field(default=10, ge=1, description="CPU seconds per run (RLIMIT_CPU)")
     memory_mb: int = Field(default=1024, ge=64, description="address space per process (RLIMIT_AS)")
     wall_s: float = Field(default=30.0, gt=0, description="wall-clock seconds per run")
-    file_mb: int = Field(default=64, ge=1, description="largest file a run may write (RLIMIT_FSIZE)")
+    file_mb: int = Field(
+        default=64, ge=1, description="largest file a run may write (RLIMIT_FSIZE)"
+    )
     open_files: int = Field(default=256, ge=16, description="open descriptors (RLIMIT_NOFILE)")
-    max_output_bytes: int = Field(default=1_000_000, ge=1024, description="stdout/stderr kept per run")
+    max_output_bytes: int = Field(
+        default=1_000_000, ge=1024, description="stdout/stderr kept per run"
+    )
     python: str = Field(default=sys.executable, description="the interpreter that runs code")
 
 
@@ -77,6 +81,7 @@ class UnitTestResult:
 
 def _rlimits(limits: SandboxLimits) -> Callable[[], None]:
     """The preexec function that applies ``limits`` in the child before it runs anything."""
+
     def apply() -> None:
         mem = limits.memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
@@ -85,6 +90,7 @@ def _rlimits(limits: SandboxLimits) -> Callable[[], None]:
         resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files,) * 2)
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         os.umask(0o077)
+
     return apply
 
 
@@ -123,8 +129,11 @@ def unittest_counts(output: str) -> tuple[int, int]:
     ran = int(m.group(1)) if (m := _RAN.search(output)) else 0
     failed = 0
     if m := _FAILED.search(output):
-        failed = sum(int(n) for key, n in re.findall(r"(\w+)=(\d+)", m.group(1))
-                     if key in ("failures", "errors", "unexpected_successes"))
+        failed = sum(
+            int(n)
+            for key, n in re.findall(r"(\w+)=(\d+)", m.group(1))
+            if key in ("failures", "errors", "unexpected_successes")
+        )
     return ran, failed
 
 
@@ -137,8 +146,12 @@ class Sandbox:
         self.limits = limits
         self._running: set[int] = set()
         self.env = {
-            "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(path), "TMPDIR": str(path),
-            "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8",
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(path),
+            "TMPDIR": str(path),
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONIOENCODING": "utf-8",
         }
 
     def write_files(self, files: Mapping[str, str]) -> None:
@@ -150,14 +163,19 @@ class Sandbox:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text, encoding="utf-8")
 
-    async def run(self, argv: list[str], *, timeout_s: float | None = None,
-                  stdin: str | None = None) -> RunResult:
+    async def run(
+        self, argv: list[str], *, timeout_s: float | None = None, stdin: str | None = None
+    ) -> RunResult:
         """Run ``argv`` in the sandbox under its limits; never raises for the program's failures."""
         timeout = timeout_s or self.limits.wall_s
         started = time.monotonic()
         proc = await asyncio.create_subprocess_exec(
-            *argv, cwd=self.path, env=self.env, start_new_session=True,
-            preexec_fn=_rlimits(self.limits), stdout=asyncio.subprocess.PIPE,
+            *argv,
+            cwd=self.path,
+            env=self.env,
+            start_new_session=True,
+            preexec_fn=_rlimits(self.limits),
+            stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
         )
@@ -178,8 +196,11 @@ class Sandbox:
         except TimeoutError:
             pass
         return RunResult(
-            stdout=out.text(), stderr=err.text(), exit_code=None if timed_out else proc.returncode,
-            timed_out=timed_out, duration_s=time.monotonic() - started,
+            stdout=out.text(),
+            stderr=err.text(),
+            exit_code=None if timed_out else proc.returncode,
+            timed_out=timed_out,
+            duration_s=time.monotonic() - started,
             truncated=out.dropped or err.dropped,
         )
 
@@ -194,20 +215,25 @@ class Sandbox:
             return False
 
     def python(self, *args: str) -> list[str]:
-        """argv running the sandbox's interpreter isolated from the environment, writing no bytecode."""
+        """argv running the sandbox's interpreter isolated from the environment, writing no
+        bytecode."""
         return [self.limits.python, "-E", "-s", "-B", *args]
 
-    async def run_code(self, code: str, *, timeout_s: float | None = None,
-                       stdin: str | None = None) -> RunResult:
+    async def run_code(
+        self, code: str, *, timeout_s: float | None = None, stdin: str | None = None
+    ) -> RunResult:
         """Run a Python program given as source text."""
         self.write_files({"main.py": code})
         return await self.run(self.python("main.py"), timeout_s=timeout_s, stdin=stdin)
 
-    async def run_tests(self, solution: str, tests: str, *, module: str = "solution",
-                        timeout_s: float | None = None) -> UnitTestResult:
+    async def run_tests(
+        self, solution: str, tests: str, *, module: str = "solution", timeout_s: float | None = None
+    ) -> UnitTestResult:
         """Write ``solution`` as ``module``.py and ``tests`` as test_``module``.py; run unittest."""
         self.write_files({f"{module}.py": solution, f"test_{module}.py": tests})
-        result = await self.run(self.python("-m", "unittest", f"test_{module}"), timeout_s=timeout_s)
+        result = await self.run(
+            self.python("-m", "unittest", f"test_{module}"), timeout_s=timeout_s
+        )
         ran, failed = unittest_counts(result.stderr)
         return UnitTestResult(result=result, ran=ran, failed=failed)
 
@@ -250,8 +276,10 @@ class SandboxProvider:
         """Run a trivial program; raise unless it prints ``ok``."""
         result = await handle.run(handle.python("-c", "print('ok')"), timeout_s=30)
         if result.stdout.strip() != "ok":
-            raise PoolError(f"sandbox {handle.path}: check failed (exit {result.exit_code}, "
-                            f"timed out {result.timed_out}): {result.stderr[-500:]}")
+            raise PoolError(
+                f"sandbox {handle.path}: check failed (exit {result.exit_code}, "
+                f"timed out {result.timed_out}): {result.stderr[-500:]}"
+            )
 
     async def stop(self, handle: Sandbox) -> None:
         """Kill what still runs and delete the directory."""

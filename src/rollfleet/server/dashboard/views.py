@@ -38,7 +38,8 @@ def rollout_row(r: Rollout) -> dict[str, Any]:
 
 
 def effective_status(w: Worker) -> WorkerStatus:
-    """OFFLINE as stored (lease lapsed or signed off); otherwise BUSY exactly while it holds a live attempt."""
+    """OFFLINE as stored (lease lapsed or signed off); otherwise BUSY exactly while it holds a live
+    attempt."""
     if w.status is WorkerStatus.OFFLINE:
         return WorkerStatus.OFFLINE
     return WorkerStatus.BUSY if w.current_attempts else WorkerStatus.IDLE
