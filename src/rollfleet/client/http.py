@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import orjson
 from pydantic import BaseModel
@@ -48,8 +48,8 @@ T = TypeVar("T")
 RETRIES = 4
 
 
-def _decode(tp: Any, content: bytes) -> Any:
-    return adapter(tp).validate_json(content)
+def _decode(tp: type[T], content: bytes) -> T:
+    return cast(T, adapter(cast(Any, tp)).validate_json(content))
 
 
 def _body(value: Any) -> bytes:
@@ -361,7 +361,8 @@ class HttpStore:
 
     async def get_latest_resources(self) -> Resources | None:
         """Return the newest resources, or None."""
-        return _decode(Resources | None, await self._call("GET", "/resources/latest", retry=True))
+        found = await self._call("GET", "/resources/latest", retry=True)
+        return cast(Resources | None, adapter(Resources | None).validate_json(found))
 
     async def statistics(self) -> Statistics:
         """Counts by status, queue depth and totals."""

@@ -21,8 +21,6 @@ if TYPE_CHECKING:
     from rollfleet.cluster.channel import (
         DEFAULT_KEY,
         Channel,
-        ChannelEmpty,
-        ChannelFull,
         connect_channel,
         create_channel,
     )
@@ -39,6 +37,7 @@ if TYPE_CHECKING:
     )
     from rollfleet.cluster.waiting import Work
     from rollfleet.cluster.worker import Worker
+    from rollfleet.errors import ChannelEmpty, ChannelFull
 
 _WHERE = {
     "WorkerAddress": "address",

@@ -16,7 +16,7 @@ import logging
 import socket
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -63,6 +63,9 @@ class _Body(BaseModel):
         )
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
 class ChatBody(_Body):
     """``POST /v1/chat/completions``."""
 
@@ -77,7 +80,7 @@ class CompletionBody(_Body):
     logprobs: int | None = None
 
 
-def _parse(model: type[BaseModel], raw: bytes) -> Any:
+def _parse(model: type[M], raw: bytes) -> M:
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:
@@ -209,6 +212,24 @@ async def _events(
     yield b"data: [DONE]\n\n"
 
 
+def _request(raw: bytes, chat: bool) -> tuple[_Body, GenerationRequest, bool]:
+    """The parsed body, the engine request and whether logprobs were asked for."""
+    if chat:
+        chat_body = _parse(ChatBody, raw)
+        want = chat_body.logprobs
+        messages = chat_body.messages
+        request = GenerationRequest(
+            messages=messages, params=chat_body.params(want), model=chat_body.model
+        )
+        return chat_body, request, want
+    completion = _parse(CompletionBody, raw)
+    want = completion.logprobs is not None
+    request = GenerationRequest(
+        prompt=completion.prompt, params=completion.params(want), model=completion.model
+    )
+    return completion, request, want
+
+
 def gateway_router(gateway: Gateway, token: str | None = None) -> APIRouter:
     """An APIRouter with the gateway's endpoints (mount it in any FastAPI app)."""
 
@@ -216,22 +237,7 @@ def gateway_router(gateway: Gateway, token: str | None = None) -> APIRouter:
 
     async def run(raw: bytes, chat: bool, rollout: str | None, attempt: str | None) -> Response:
         try:
-            if chat:
-                body: _Body = _parse(ChatBody, raw)
-                want = bool(body.logprobs)  # type: ignore[attr-defined]
-                request = GenerationRequest(
-                    messages=body.messages,
-                    params=body.params(want),  # type: ignore[attr-defined]
-                    model=body.model,
-                )
-            else:
-                body = _parse(CompletionBody, raw)
-                want = body.logprobs is not None  # type: ignore[attr-defined]
-                request = GenerationRequest(
-                    prompt=body.prompt,
-                    params=body.params(want),  # type: ignore[attr-defined]
-                    model=body.model,
-                )
+            body, request, want = _request(raw, chat)
             shaper = _Shaper(request, body, want)
             if body.stream:
                 return StreamingResponse(
