@@ -22,9 +22,8 @@ import ssl
 import time
 from urllib.parse import urlencode, urlsplit
 
-KEEPALIVE_S = (
-    4.0  # below uvicorn's 5 s: a pooled connection is dropped here before the server drops it
-)
+# below uvicorn's 5 s: a pooled connection is dropped here before the server drops it
+KEEPALIVE_S = 4.0
 MAX_IDLE = 64  # idle connections kept per event loop
 
 
@@ -42,9 +41,8 @@ class _Connection(asyncio.Protocol):
         self.open = True
         self.reusable = True
         self.idle_since = 0.0
-        self._head: tuple[int, int, int, bool] | None = (
-            None  # status, body start, length (-1 chunked, -2 to EOF)
-        )
+        # status, body start, length (-1 chunked, -2 to EOF)
+        self._head: tuple[int, int, int, bool] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Keep the transport."""
@@ -83,9 +81,8 @@ class _Connection(asyncio.Protocol):
         self.open = False
         self._end_of_stream()  # TLS transports may report the end only here
         if self.answer is not None and not self.answer.done():
-            stale = (
-                not self.buf
-            )  # not one byte of an answer: the server closed it before reading the request
+            # not one byte of an answer: the server closed it before reading the request
+            stale = not self.buf
             self.answer.set_exception(_Closed(stale, exc))
 
     def close(self) -> None:

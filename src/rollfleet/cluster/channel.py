@@ -35,9 +35,8 @@ from rollfleet.errors import ChannelEmpty, ChannelFull, ClusterError, ClusterTim
 log = logging.getLogger("rollfleet.cluster")
 
 DEFAULT_KEY = "default"
-INLINE_LIMIT = (
-    2 * 1024 * 1024
-)  # the measured crossover between two lane copies and one object-store hop
+# the measured crossover between two lane copies and one object-store hop
+INLINE_LIMIT = 2 * 1024 * 1024
 _GRACE = 30.0  # how much longer than the actor's own deadline the client waits for its answer
 
 _created: dict[str, Channel] = {}  # channels this process created: alive as long as it is
@@ -171,9 +170,8 @@ class Channel:
         self.inline_limit = inline_limit
         self._in_flight: deque[Work] = deque()
         self._where = [f"channel {name!r}"]
-        self._client = (
-            uuid.uuid4().hex
-        )  # Ray-call puts carry (client, seq) so the actor keeps their order
+        # Ray-call puts carry (client, seq) so the actor keeps their order
+        self._client = uuid.uuid4().hex
         self._seq = itertools.count()
 
     def _put_rpc(

@@ -336,9 +336,8 @@ COMPLETE_STATUSES = frozenset(
         AttemptStatus.CANCELLED,
     }
 )
-Answer = (
-    tuple[str, RolloutStatus] | RollfleetError
-)  # (rollout id, its new status) or why it was refused
+# (rollout id, its new status) or why it was refused
+Answer = tuple[str, RolloutStatus] | RollfleetError
 
 
 def _attempt_rows(tx: Tx, attempt_ids: Sequence[str]) -> dict[str, Row]:

@@ -41,9 +41,8 @@ from rollfleet.store import ops, reads, records
 log = logging.getLogger("rollfleet.store")
 T = TypeVar("T")
 BULK = 1000  # a write of more items than this runs off the event loop (see SqliteBackend)
-FALLBACK_POLL_S = (
-    1.0  # only matters when another process writes the same database without notifying
-)
+# only matters when another process writes the same database without notifying
+FALLBACK_POLL_S = 1.0
 
 
 class Backend(Protocol):

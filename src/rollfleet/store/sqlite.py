@@ -131,13 +131,11 @@ class SqliteBackend:
         )
         self._flusher.start()
         self._tx = SqliteTx(self._writer_conn)
-        self._conn_lock = (
-            threading.Lock()
-        )  # the writer connection: the loop's groups or one bulk write
+        # the writer connection: the loop's groups or one bulk write
+        self._conn_lock = threading.Lock()
         self._pending: list[Any] = []
-        self._pending_lock = (
-            threading.Lock()
-        )  # a store used from several event loops stays consistent
+        # a store used from several event loops stays consistent
+        self._pending_lock = threading.Lock()
         self._bulk = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollfleet-sqlite-bulk")
         self._closed = False
 

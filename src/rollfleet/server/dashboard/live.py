@@ -178,9 +178,8 @@ class LiveHub:
         update = {k: v for k, v in state.items() if self.state.get(k) != v}
         self.state = state
         if not self._incremental and "stats" in update:
-            update["truncated"] = (
-                True  # this store cannot say which rollouts changed: pages refetch
-            )
+            # this store cannot say which rollouts changed: pages refetch
+            update["truncated"] = True
         if changed:
             update["rollouts"] = [views.rollout_row(r) for r in changed[:MAX_CHANGED]]
             update["truncated"] = len(changed) > MAX_CHANGED
