@@ -174,3 +174,49 @@ async def test_what_is_not_http_is_a_protocol_error_and_the_store_says_unavailab
 def test_only_http_urls_are_accepted() -> None:
     with pytest.raises(ValueError, match="not an http"):
         Client("ftp://example.org", {})
+
+
+def raw(first: bytes) -> Answer:
+    """Answer the first request with ``first`` as it is, every later one with a good answer."""
+    good = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+    return lambda w, n: w.write(first if n == 1 else good)
+
+
+MALFORMED = {
+    "head over 64 KiB": b"HTTP/1.1 200 OK\r\nx-filler: " + b"a" * 70_000 + b"\r\n\r\n",
+    "body over the bound": b"HTTP/1.1 200 OK\r\ncontent-length: 2000\r\n\r\n" + b"b" * 2000,
+    "chunked body over the bound": b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+    + b"7d0\r\n" + b"c" * 2000 + b"\r\n0\r\n\r\n",
+    "both transfer-encoding and content-length": b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n"
+    b"transfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    "conflicting content-lengths": b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\nok",
+    "a transfer-encoding that is not chunked": b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n",
+    "a bad chunk size": b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nhi\r\n0\r\n\r\n",
+    "a chunk longer than its size": b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+    b"2\r\nhello\r\n0\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+async def test_a_malformed_or_oversized_answer_is_refused_and_its_connection_dropped(
+    scripted: Callable[[Answer], Awaitable[Scripted]], case: str
+) -> None:
+    server = await scripted(raw(MALFORMED[case]))
+    client = Client(server.url, {}, max_body=1000)
+    with pytest.raises(ProtocolError):
+        await client.request("GET", "/x")
+    assert await client.request("GET", "/y") == (200, b"ok")
+    assert server.connections == 2  # the broken connection was closed, not reused
+    client.close()
+
+
+async def test_bytes_left_after_an_answer_stop_the_connection_being_reused(
+    scripted: Callable[[Answer], Awaitable[Scripted]],
+) -> None:
+    smuggled = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokHTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nevil"
+    server = await scripted(raw(smuggled))
+    client = Client(server.url, {})
+    assert await client.request("GET", "/x") == (200, b"ok")
+    assert await client.request("GET", "/y") == (200, b"ok")  # not the smuggled "evil"
+    assert server.connections == 2
+    client.close()

@@ -1,5 +1,5 @@
 """A lean HTTP/1.1 client for the control plane's JSON API: pooled keep-alive connections, nothing
-else.
+else, with every size bounded.
 
 Every runner calls the control plane a few times per rollout, so this is every runner's hot path.
 A general client's per-request machinery (aiohttp's cookie jar, tracing hooks, header multidicts,
@@ -8,6 +8,11 @@ claim+complete loop, 96–109 µs of client CPU a rollout with aiohttp against 6
 client (docs/store.md). It writes the request in one ``send`` and parses the answer in
 ``data_received``: status line, headers, ``Content-Length`` or chunked bodies. HTTPS works
 through asyncio's TLS transport.
+
+A malformed or over-size answer (a head over 64 KiB, a body over ``max_body``, both
+Transfer-Encoding and Content-Length, conflicting lengths, bytes left over after an answer) is a
+:class:`ProtocolError` and its connection is closed, never reused: a broken or hostile server costs
+the caller one clear error, not unbounded memory or a desynchronised stream.
 
 A connection is reused while the server keeps it open; a reused one that the server had already
 closed as idle (end of stream before a single byte of the answer) is replaced and the request sent
@@ -25,6 +30,8 @@ from urllib.parse import urlencode, urlsplit
 # below uvicorn's 5 s: a pooled connection is dropped here before the server drops it
 KEEPALIVE_S = 4.0
 MAX_IDLE = 64  # idle connections kept per event loop
+MAX_HEAD = 64 * 1024  # an answer's status line and headers
+MAX_BODY = 64 * 1024 * 1024  # an answer's body, unless the Client is given another bound
 
 
 class ProtocolError(ConnectionError):
@@ -34,7 +41,8 @@ class ProtocolError(ConnectionError):
 class _Connection(asyncio.Protocol):
     """One TCP (or TLS) connection: sends a request, collects the answer."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_body: int = MAX_BODY) -> None:
+        self.max_body = max_body
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
         self.answer: asyncio.Future[tuple[int, bytes]] | None = None
@@ -60,6 +68,7 @@ class _Connection(asyncio.Protocol):
         """Collect bytes; settle the answer once the body is complete."""
         self.buf += data
         if self.answer is None or self.answer.done():
+            self.reusable = False  # bytes nobody asked for: this connection is out of step
             return
         try:
             done = self._parse()
@@ -100,23 +109,34 @@ class _Connection(asyncio.Protocol):
             and self._head[2] == -2
         ):
             status, start, _length, _close = self._head
+            if len(self.buf) - start > self.max_body:
+                self.answer.set_exception(_too_big(self.max_body))
+                return
             self.answer.set_result((status, bytes(self.buf[start:])))
 
     def _parse(self) -> tuple[int, bytes] | None:
         if self._head is None:
-            end = self.buf.find(b"\r\n\r\n")
+            end = self.buf.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
             if end < 0:
+                if len(self.buf) > MAX_HEAD:
+                    raise ProtocolError(f"the answer's head is over {MAX_HEAD} bytes")
                 return None
             self._head = _parse_head(bytes(self.buf[:end]), end + 4)
             self.reusable = self.reusable and not self._head[3]
         status, start, length, _close = self._head
+        if length > self.max_body or len(self.buf) - start > self.max_body + 64 * 1024:
+            raise _too_big(self.max_body)
         if length >= 0:
             if len(self.buf) - start < length:
                 return None
+            if len(self.buf) - start > length:  # bytes after the answer: never reuse this one
+                self.reusable = False
             return status, bytes(self.buf[start : start + length])
         if length == -1:
-            body = _dechunk(self.buf, start)
-            return None if body is None else (status, body)
+            body = _dechunk(self.buf, start, self.max_body)
+            if body is not None and body[1] < len(self.buf):
+                self.reusable = False
+            return None if body is None else (status, body[0])
         return None  # read to end of stream
 
 
@@ -128,47 +148,72 @@ class _Closed(ConnectionError):
         self.stale = stale
 
 
+def _too_big(limit: int) -> ProtocolError:
+    return ProtocolError(f"the answer's body is over {limit} bytes")
+
+
 def _parse_head(head: bytes, body_start: int) -> tuple[int, int, int, bool]:
+    """(status, body start, length: -1 chunked, -2 to end of stream, close after) of a head.
+
+    Refused per RFC 9112: a Content-Length that is not one number (or several that differ), a
+    Transfer-Encoding other than chunked, and both headers at once (a request-smuggling shape).
+    """
     lines = head.split(b"\r\n")
     parts = lines[0].split(b" ", 2)
     if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
         raise ProtocolError(f"not an HTTP/1.1 status line: {lines[0][:80]!r}")
     status = int(parts[1])
-    length, close = -2, parts[0] == b"HTTP/1.0"
+    close = parts[0] == b"HTTP/1.0"
+    lengths: set[int] = set()
+    chunked = False
     for line in lines[1:]:
         name, _, value = line.partition(b":")
-        name = name.strip().lower()
+        name, value = name.strip().lower(), value.strip()
         if name == b"content-length":
-            if not value.strip().isdigit():
-                raise ProtocolError(f"bad Content-Length: {value.strip()[:40]!r}")
-            length = int(value.strip())
-        elif name == b"transfer-encoding" and b"chunked" in value.lower():
-            length = -1
+            for item in value.split(b","):
+                if not item.strip().isdigit() or len(item.strip()) > 18:
+                    raise ProtocolError(f"bad Content-Length: {value[:40]!r}")
+                lengths.add(int(item.strip()))
+        elif name == b"transfer-encoding":
+            if value.lower() != b"chunked" or chunked:
+                raise ProtocolError(f"unsupported Transfer-Encoding: {value[:40]!r}")
+            chunked = True
         elif name == b"connection":
-            close = value.strip().lower() == b"close"
+            close = value.lower() == b"close"
+    if len(lengths) > 1:
+        raise ProtocolError(f"conflicting Content-Length values: {sorted(lengths)}")
+    if chunked and lengths:
+        raise ProtocolError("an answer with both Transfer-Encoding and Content-Length")
+    length = -1 if chunked else (lengths.pop() if lengths else -2)
     if status in (204, 304) or 100 <= status < 200:
         length = 0
     return status, body_start, length, close or length == -2
 
 
-def _dechunk(buf: bytearray, pos: int) -> bytes | None:
-    """The body of a complete chunked message starting at ``pos``, or None if more is to come."""
+def _dechunk(buf: bytearray, pos: int, limit: int) -> tuple[bytes, int] | None:
+    """The body of a complete chunked message starting at ``pos`` and where the message ends, or
+    None if more is to come; a body over ``limit`` bytes is refused."""
     body = bytearray()
     while True:
-        eol = buf.find(b"\r\n", pos)
+        eol = buf.find(b"\r\n", pos, pos + 1024)
         if eol < 0:
+            if len(buf) - pos > 1024:
+                raise ProtocolError("a chunk-size line over 1 KiB in a chunked answer")
             return None
-        try:
-            size = int(bytes(buf[pos:eol]).split(b";")[0], 16)
-        except ValueError:
-            raise ProtocolError("bad chunk size in a chunked answer") from None
-        if size == 0:
-            return (
-                bytes(body) if buf.find(b"\r\n\r\n", eol) >= 0 else None
-            )  # after the trailers, if any
+        field = bytes(buf[pos:eol]).split(b";")[0].strip()
+        if not field or len(field) > 15 or any(c not in b"0123456789abcdefABCDEF" for c in field):
+            raise ProtocolError("bad chunk size in a chunked answer")
+        size = int(field, 16)
+        if len(body) + size > limit:
+            raise _too_big(limit)
+        if size == 0:  # the message ends after the trailers, if any
+            end = buf.find(b"\r\n\r\n", eol)
+            return None if end < 0 else (bytes(body), end + 4)
         start, end = eol + 2, eol + 2 + size
         if len(buf) < end + 2:
             return None
+        if buf[end : end + 2] != b"\r\n":
+            raise ProtocolError("a chunk longer than its size in a chunked answer")
         body += buf[start:end]
         pos = end + 2
 
@@ -176,7 +221,7 @@ def _dechunk(buf: bytearray, pos: int) -> bytes | None:
 class Client:
     """Pooled keep-alive HTTP/1.1 connections to one server, per event loop."""
 
-    def __init__(self, base_url: str, headers: dict[str, str]) -> None:
+    def __init__(self, base_url: str, headers: dict[str, str], max_body: int = MAX_BODY) -> None:
         url = urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"not an http(s) URL: {base_url!r}")
@@ -188,6 +233,7 @@ class Client:
         fixed = {"host": self.host if default_port else f"{self.host}:{self.port}", **headers}
         self._fixed = "".join(f"{k}: {v}\r\n" for k, v in fixed.items()).encode()
         self._idle: dict[asyncio.AbstractEventLoop, list[_Connection]] = {}
+        self.max_body = max_body
 
     async def request(
         self,
@@ -237,7 +283,7 @@ class Client:
                 return conn, True
             conn.close()
         _transport, conn = await loop.create_connection(
-            _Connection, self.host, self.port, ssl=self.ssl
+            lambda: _Connection(self.max_body), self.host, self.port, ssl=self.ssl
         )
         return conn, False
 
