@@ -27,6 +27,8 @@ import ssl
 import time
 from urllib.parse import urlencode, urlsplit
 
+import httptools
+
 # below uvicorn's 5 s: a pooled connection is dropped here before the server drops it
 KEEPALIVE_S = 4.0
 MAX_IDLE = 64  # idle connections kept per event loop
@@ -39,18 +41,24 @@ class ProtocolError(ConnectionError):
 
 
 class _Connection(asyncio.Protocol):
-    """One TCP (or TLS) connection: sends a request, collects the answer."""
+    """One TCP (or TLS) connection: sends a request, parses the answer with httptools (llhttp)."""
 
     def __init__(self, max_body: int = MAX_BODY) -> None:
         self.max_body = max_body
         self.transport: asyncio.Transport | None = None
-        self.buf = bytearray()
         self.answer: asyncio.Future[tuple[int, bytes]] | None = None
         self.open = True
         self.reusable = True
         self.idle_since = 0.0
-        # status, body start, length (-1 chunked, -2 to EOF)
-        self._head: tuple[int, int, int, bool] | None = None
+        self._parser: httptools.HttpResponseParser | None = None
+        self._received = 0  # bytes of the current answer so far
+        self._head = 0  # bytes of its status line and headers
+        self._body: list[bytes] = []
+        self._size = 0
+        self._lengths: set[bytes] = set()
+        self._chunked = False
+        self._headers_done = False
+        self._complete = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Keep the transport."""
@@ -58,27 +66,86 @@ class _Connection(asyncio.Protocol):
 
     def send(self, data: bytes, answer: asyncio.Future[tuple[int, bytes]]) -> None:
         """Write one request; ``answer`` gets (status, body)."""
-        self.buf.clear()
-        self._head = None
+        if self._parser is None:  # one parser for the connection's life: answers follow in order
+            self._parser = httptools.HttpResponseParser(self)
+        self._received = self._head = self._size = 0
+        self._body = []
+        self._lengths = set()
+        self._chunked = self._headers_done = self._complete = False
         self.answer = answer
         assert self.transport is not None
         self.transport.write(data)
 
     def data_received(self, data: bytes) -> None:
-        """Collect bytes; settle the answer once the body is complete."""
-        self.buf += data
-        if self.answer is None or self.answer.done():
+        """Feed the parser; the answer settles when the message completes."""
+        if self.answer is None or self.answer.done() or self._parser is None:
             self.reusable = False  # bytes nobody asked for: this connection is out of step
             return
+        self._received += len(data)
         try:
-            done = self._parse()
+            self._parser.feed_data(data)
         except ProtocolError as exc:
-            self.reusable = False
-            self.answer.set_exception(exc)
-            return
-        if done is not None:
-            self.answer.set_result(done)
+            self._fail(exc)
+        except httptools.HttpParserCallbackError as exc:
+            cause = exc.__context__
+            self._fail(cause if isinstance(cause, ProtocolError) else ProtocolError(str(exc)))
+        except httptools.HttpParserError as exc:
+            self._fail(ProtocolError(_describe(exc, data, self._head)))
 
+    # -- httptools callbacks ----------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        """A second answer on one request's bytes is a stream out of step."""
+        if self._complete:
+            self.reusable = False
+            raise ProtocolError("bytes after the answer")
+
+    def on_status(self, status: bytes) -> None:
+        """Count the status line against the head bound."""
+        self._count_head(len(status))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        """Bound the head; note the framing headers (RFC 9112 refusals are decided on them)."""
+        self._count_head(len(name) + len(value))
+        if len(name) not in (14, 17):  # neither content-length nor transfer-encoding
+            return
+        lowered = name.lower()
+        if lowered == b"content-length":
+            self._lengths.update(v.strip() for v in value.split(b","))
+        elif lowered == b"transfer-encoding":
+            if value.strip().lower() != b"chunked" or self._chunked:
+                raise ProtocolError(f"unsupported Transfer-Encoding: {value[:40]!r}")
+            self._chunked = True
+
+    def on_headers_complete(self) -> None:
+        """Refuse ambiguous framing and over-size lengths before any body byte is kept."""
+        if len(self._lengths) > 1:
+            raise ProtocolError(f"conflicting Content-Length values: {sorted(self._lengths)}")
+        if self._chunked and self._lengths:
+            raise ProtocolError("an answer with both Transfer-Encoding and Content-Length")
+        for value in self._lengths:
+            if not value.isdigit() or len(value) > 18:
+                raise ProtocolError(f"bad Content-Length: {value[:40]!r}")
+            if int(value) > self.max_body:
+                raise _too_big(self.max_body)
+        assert self._parser is not None
+        self.reusable = self.reusable and self._parser.should_keep_alive()
+        self._headers_done = True
+
+    def on_body(self, body: bytes) -> None:
+        """Keep the body, within its bound."""
+        self._size += len(body)
+        if self._size > self.max_body:
+            raise _too_big(self.max_body)
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        """Settle the answer."""
+        self._complete = True
+        assert self._parser is not None and self.answer is not None
+        if not self.answer.done():
+            self.answer.set_result((self._parser.get_status_code(), b"".join(self._body)))
+
+    # -- the connection's end ---------------------------------------------------------------
     def eof_received(self) -> bool:
         """The server ended the stream: an answer read to end of stream is complete now."""
         self.reusable = False
@@ -91,7 +158,7 @@ class _Connection(asyncio.Protocol):
         self._end_of_stream()  # TLS transports may report the end only here
         if self.answer is not None and not self.answer.done():
             # not one byte of an answer: the server closed it before reading the request
-            stale = not self.buf
+            stale = self._received == 0
             self.answer.set_exception(_Closed(stale, exc))
 
     def close(self) -> None:
@@ -100,44 +167,23 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def _count_head(self, n: int) -> None:
+        self._head += n
+        if self._head > MAX_HEAD:
+            raise ProtocolError(f"the answer's head is over {MAX_HEAD} bytes")
+
+    def _fail(self, exc: ProtocolError) -> None:
+        self.reusable = False
+        if self.answer is not None and not self.answer.done():
+            self.answer.set_exception(exc)
+
     def _end_of_stream(self) -> None:
         """Settle an answer whose body runs to the end of the stream (no length, not chunked)."""
-        if (
-            self.answer is not None
-            and not self.answer.done()
-            and self._head is not None
-            and self._head[2] == -2
-        ):
-            status, start, _length, _close = self._head
-            if len(self.buf) - start > self.max_body:
-                self.answer.set_exception(_too_big(self.max_body))
-                return
-            self.answer.set_result((status, bytes(self.buf[start:])))
-
-    def _parse(self) -> tuple[int, bytes] | None:
-        if self._head is None:
-            end = self.buf.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
-            if end < 0:
-                if len(self.buf) > MAX_HEAD:
-                    raise ProtocolError(f"the answer's head is over {MAX_HEAD} bytes")
-                return None
-            self._head = _parse_head(bytes(self.buf[:end]), end + 4)
-            self.reusable = self.reusable and not self._head[3]
-        status, start, length, _close = self._head
-        if length > self.max_body or len(self.buf) - start > self.max_body + 64 * 1024:
-            raise _too_big(self.max_body)
-        if length >= 0:
-            if len(self.buf) - start < length:
-                return None
-            if len(self.buf) - start > length:  # bytes after the answer: never reuse this one
-                self.reusable = False
-            return status, bytes(self.buf[start : start + length])
-        if length == -1:
-            body = _dechunk(self.buf, start, self.max_body)
-            if body is not None and body[1] < len(self.buf):
-                self.reusable = False
-            return None if body is None else (status, body[0])
-        return None  # read to end of stream
+        framed = self._chunked or self._lengths
+        if self.answer is None or self.answer.done() or not self._headers_done or framed:
+            return
+        assert self._parser is not None
+        self.answer.set_result((self._parser.get_status_code(), b"".join(self._body)))
 
 
 class _Closed(ConnectionError):
@@ -148,74 +194,18 @@ class _Closed(ConnectionError):
         self.stale = stale
 
 
+def _describe(exc: Exception, data: bytes, head: int) -> str:
+    """What was malformed, in the words a person reading the error needs."""
+    if head == 0:
+        first = data.split(b"\r\n", 1)[0][:80]
+        return f"not an HTTP/1.1 status line: {first!r} ({exc})"
+    if "content-length" in str(exc).lower():
+        return f"bad Content-Length ({exc})"
+    return f"malformed answer: {exc}"
+
+
 def _too_big(limit: int) -> ProtocolError:
     return ProtocolError(f"the answer's body is over {limit} bytes")
-
-
-def _parse_head(head: bytes, body_start: int) -> tuple[int, int, int, bool]:
-    """(status, body start, length: -1 chunked, -2 to end of stream, close after) of a head.
-
-    Refused per RFC 9112: a Content-Length that is not one number (or several that differ), a
-    Transfer-Encoding other than chunked, and both headers at once (a request-smuggling shape).
-    """
-    lines = head.split(b"\r\n")
-    parts = lines[0].split(b" ", 2)
-    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-        raise ProtocolError(f"not an HTTP/1.1 status line: {lines[0][:80]!r}")
-    status = int(parts[1])
-    close = parts[0] == b"HTTP/1.0"
-    lengths: set[int] = set()
-    chunked = False
-    for line in lines[1:]:
-        name, _, value = line.partition(b":")
-        name, value = name.strip().lower(), value.strip()
-        if name == b"content-length":
-            for item in value.split(b","):
-                if not item.strip().isdigit() or len(item.strip()) > 18:
-                    raise ProtocolError(f"bad Content-Length: {value[:40]!r}")
-                lengths.add(int(item.strip()))
-        elif name == b"transfer-encoding":
-            if value.lower() != b"chunked" or chunked:
-                raise ProtocolError(f"unsupported Transfer-Encoding: {value[:40]!r}")
-            chunked = True
-        elif name == b"connection":
-            close = value.lower() == b"close"
-    if len(lengths) > 1:
-        raise ProtocolError(f"conflicting Content-Length values: {sorted(lengths)}")
-    if chunked and lengths:
-        raise ProtocolError("an answer with both Transfer-Encoding and Content-Length")
-    length = -1 if chunked else (lengths.pop() if lengths else -2)
-    if status in (204, 304) or 100 <= status < 200:
-        length = 0
-    return status, body_start, length, close or length == -2
-
-
-def _dechunk(buf: bytearray, pos: int, limit: int) -> tuple[bytes, int] | None:
-    """The body of a complete chunked message starting at ``pos`` and where the message ends, or
-    None if more is to come; a body over ``limit`` bytes is refused."""
-    body = bytearray()
-    while True:
-        eol = buf.find(b"\r\n", pos, pos + 1024)
-        if eol < 0:
-            if len(buf) - pos > 1024:
-                raise ProtocolError("a chunk-size line over 1 KiB in a chunked answer")
-            return None
-        field = bytes(buf[pos:eol]).split(b";")[0].strip()
-        if not field or len(field) > 15 or any(c not in b"0123456789abcdefABCDEF" for c in field):
-            raise ProtocolError("bad chunk size in a chunked answer")
-        size = int(field, 16)
-        if len(body) + size > limit:
-            raise _too_big(limit)
-        if size == 0:  # the message ends after the trailers, if any
-            end = buf.find(b"\r\n\r\n", eol)
-            return None if end < 0 else (bytes(body), end + 4)
-        start, end = eol + 2, eol + 2 + size
-        if len(buf) < end + 2:
-            return None
-        if buf[end : end + 2] != b"\r\n":
-            raise ProtocolError("a chunk longer than its size in a chunked answer")
-        body += buf[start:end]
-        pos = end + 2
 
 
 class Client:
