@@ -121,9 +121,29 @@ def run_rows(d: dict[str, Any]) -> list[str]:
             f"| – |"]
 
 
+def wire_rows(d: dict[str, Any]) -> list[str]:
+    cl, ch = d["content-length"]["median"], d["chunked"]["median"]
+    return [f"| client | µs to handle a 16-rollout claim answer (Content-Length / chunked), lean client "
+            f"with its bounds and checks | {cl['ours']:.2f} / {ch['ours']:.2f} | {cl['httptools']:.2f} / "
+            f"{ch['httptools']:.2f} (bare httptools, no bounds) | {cl['httptools'] / cl['ours']:.2f}× |"]
+
+
+def ab_rows(d: dict[str, Any]) -> list[str]:
+    rows = []
+    for key, label in (("store", "claim+complete/s over HTTP, 4 workers, batched"),
+                       ("e2e", "rollouts/s, 4 local runners × 64, 50 ms sleep agent")):
+        b, h = d[key]["base"], d[key]["head"]
+        rows.append(f"| before/after | {label}: this code against commit {d['base'][:7]}, "
+                    f"{len(d['rounds'][key]['head'])} alternating rounds, median [range] | "
+                    f"{n(h['median'])} [{n(h['min'])}–{n(h['max'])}] | {n(b['median'])} "
+                    f"[{n(b['min'])}–{n(b['max'])}] (before) | {d[key]['ratio']:.2f}× |")
+    return rows
+
+
 SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
     ("store_throughput", store_rows), ("end_to_end", e2e_rows), ("pool", pool_rows), ("engines", engine_rows),
     ("stragglers", straggler_rows), ("dashboard", dashboard_rows), ("cluster", cluster_rows), ("run", run_rows),
+    ("wire_parse", wire_rows), ("refactor_ab", ab_rows),
 ]
 
 

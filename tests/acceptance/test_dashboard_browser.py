@@ -353,7 +353,7 @@ def test_ids_sharing_a_long_prefix_show_the_part_that_differs(tmp_path: Path, pa
     ids = [f"{stem}d5e6f7a8", f"{stem}9f3c2a1b"]
     workers = ["gpu-node-0001.cluster.example-4242-0", "gpu-node-0001.cluster.example-4242-1"]
     url = f"sqlite:///{tmp_path / 'ids.db'}"
-    with ServerThread(url, routers=lambda store: [("", dashboard_router(store))]) as srv:
+    with ServerThread(url, parts=lambda store: ServerParts(routers=[("", dashboard_router(store))])) as srv:
         client = connect_sync(srv.url)
         try:
             client.enqueue_many([RolloutSpec(input=i, rollout_id=rid) for i, rid in enumerate(ids)])
