@@ -11,6 +11,7 @@ from rich.console import Console
 from rollfleet.engines.factory import EngineKind, build_gateway
 from rollfleet.engines.gateway_app import serve_gateway
 from rollfleet.errors import RollfleetError
+from rollfleet.web.serving import check_bind
 
 console = Console(stderr=True)
 
@@ -51,6 +52,7 @@ def register(app: typer.Typer) -> None:
         """Serve an OpenAI-compatible LLM gateway in front of engine replicas."""
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         try:
+            check_bind(host, token)
             asyncio.run(_serve(engine, replicas, model, engine_url, host, port, token))
         except RollfleetError as exc:
             console.print(f"[red]error:[/] {exc.message}")

@@ -65,9 +65,11 @@ def serve(
 
     from rollfleet.pool.config import load_registry
     from rollfleet.pool.service import pool_app
+    from rollfleet.web.serving import check_bind
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
+        check_bind(host, token)
         registry = load_registry(config)
     except RollfleetError as exc:
         console.print(f"[red]error:[/red] {exc.message}")

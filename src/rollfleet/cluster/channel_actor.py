@@ -9,6 +9,7 @@ actor decides, atomically, whether an operation happened.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import itertools
 import secrets
 import socket
@@ -60,7 +61,8 @@ class ChannelActor:
         """Serve one lane connection: a token, then request/answer frames until it closes."""
         writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            if await lane.read_frame(reader, len(self._token)) != self._token:
+            given = await lane.read_frame(reader, len(self._token))
+            if not hmac.compare_digest(given, self._token):
                 return
             while True:
                 op, args = await lane.read_message(reader)

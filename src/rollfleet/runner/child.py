@@ -131,7 +131,11 @@ def main() -> None:
     parser.add_argument("--worker-id", required=True)
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--grace-s", type=float, default=30.0)
-    parser.add_argument("--token", default=None)
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("ROLLFLEET_TOKEN"),
+        help="bearer token (default: ROLLFLEET_TOKEN; prefer it: a command line is world-readable)",
+    )
     parser.add_argument("--llm-url", default=None, help="gateway base URL for ctx.llm")
     parser.add_argument("--llm-token", default=None)
     parser.add_argument(

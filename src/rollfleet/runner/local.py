@@ -72,13 +72,21 @@ class LocalFleet:
             "--grace-s",
             str(self.grace_s),
         ]
-        return argv + (["--token", self.token] if self.token else []) + self.extra_args
+        return argv + self.extra_args
+
+    def _env(self) -> dict[str, str]:
+        """The children's environment: the token travels here, never on a command line (which
+        every process on the machine can read in /proc/*/cmdline)."""
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if self.token:
+            env["ROLLFLEET_TOKEN"] = self.token
+        return env
 
     async def _spawn(self, child: _Child) -> None:
         child.proc = await asyncio.create_subprocess_exec(
             *self._argv(child),
             stdout=asyncio.subprocess.PIPE,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env=self._env(),
         )
         child.started_at = time.monotonic()
 
