@@ -161,15 +161,23 @@ class Record(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # the longest attempt a caller may ask for
+MAX_LEASE_S = 3600.0  # the longest a lease may run without a heartbeat
+PRIORITY_BOUND = 2**31  # priorities are stored as 64-bit integers; callers get ±2^31
+
+
 class RolloutConfig(Record):
     """Per-rollout execution limits."""
 
-    timeout_s: float | None = Field(default=None, gt=0, description="wall time of one attempt")
+    # every bound is finite: a lease of 1e308 s would never lapse, and "never stuck" would not hold
+    timeout_s: float | None = Field(
+        default=None, gt=0, le=MAX_TIMEOUT_S, description="wall time of one attempt"
+    )
     heartbeat_s: float = Field(
-        default=30.0, gt=0, description="lease: lost if no heartbeat for this long"
+        default=30.0, gt=0, le=MAX_LEASE_S, description="lease: lost if no heartbeat for this long"
     )
     max_attempts: int = Field(
-        default=3, ge=1, description="attempts charged before the rollout fails"
+        default=3, ge=1, le=100, description="attempts charged before the rollout fails"
     )
 
 
@@ -187,7 +195,7 @@ class RolloutSpec(Record):
     input: JSON
     mode: str | None = None
     rollout_id: str | None = Field(default=None, min_length=1, max_length=200)
-    priority: int = 0
+    priority: int = Field(default=0, gt=-PRIORITY_BOUND, lt=PRIORITY_BOUND)
     batch_id: str | None = None
     group_id: str | None = None
     config: RolloutConfig = Field(default_factory=RolloutConfig)

@@ -22,7 +22,10 @@ from rollfleet.coordinator.state import (
     FinalizeResult,
     StragglerPolicy,
 )
-from rollfleet.model import RolloutConfig, RolloutSpec
+from rollfleet.model import MAX_TIMEOUT_S, PRIORITY_BOUND, RolloutConfig, RolloutSpec
+
+MAX_REPEAT_TIMES = 1024  # samples per task
+MAX_BATCH_ROLLOUTS = 100_000  # tasks x repeat_times: one request never allocates more
 
 
 class SubmitBatch(BaseModel):
@@ -31,23 +34,33 @@ class SubmitBatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     batch_id: str = Field(min_length=1, max_length=150, pattern=r"^[^/]+$")
-    tasks: list[Any] = Field(default_factory=list, description="task inputs")
+    tasks: list[Any] = Field(
+        default_factory=list, max_length=MAX_BATCH_ROLLOUTS, description="task inputs"
+    )
     specs: list[RolloutSpec] = Field(
-        default_factory=list, description="or full rollout specs, one per task"
+        default_factory=list,
+        max_length=MAX_BATCH_ROLLOUTS,
+        description="or full rollout specs, one per task",
     )
     batch_type: BatchType = "train"
     min_wait_num: int | None = Field(default=None, ge=1)
-    repeat_times: int = Field(default=1, ge=1)
+    repeat_times: int = Field(default=1, ge=1, le=MAX_REPEAT_TIMES)
     policy: StragglerPolicy | None = None
     mode: str | None = None
     config: RolloutConfig | None = None
-    priority: int = 0
+    priority: int = Field(default=0, gt=-PRIORITY_BOUND, lt=PRIORITY_BOUND)
 
     @model_validator(mode="after")
     def _one_kind(self) -> SubmitBatch:
         if bool(self.tasks) == bool(self.specs):
             raise ValueError(
                 "give exactly one of tasks (inputs) or specs (rollout specs), not empty"
+            )
+        total = len(self.tasks or self.specs) * self.repeat_times
+        if total > MAX_BATCH_ROLLOUTS:
+            raise ValueError(
+                f"tasks x repeat_times is {total} rollouts; a batch holds at most "
+                f"{MAX_BATCH_ROLLOUTS}"
             )
         return self
 
@@ -57,8 +70,8 @@ class FinalizeBatch(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    timeout: float | None = Field(default=None, ge=0)
-    wait_after_min: float | None = Field(default=None, ge=0)
+    timeout: float | None = Field(default=None, ge=0, le=MAX_TIMEOUT_S)
+    wait_after_min: float | None = Field(default=None, ge=0, le=MAX_TIMEOUT_S)
 
 
 class AbortBatch(BaseModel):
@@ -66,7 +79,7 @@ class AbortBatch(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    reason: str = Field(min_length=1)
+    reason: str = Field(min_length=1, max_length=2000)
     keep_partial_results: bool = False
 
 

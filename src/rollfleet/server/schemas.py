@@ -7,6 +7,8 @@ from typing import Any
 from pydantic import Field
 
 from rollfleet.model import (
+    MAX_LEASE_S,
+    MAX_TIMEOUT_S,
     AttemptStatus,
     Completion,
     Record,
@@ -83,7 +85,7 @@ class RequeueRequest(Record):
 
     statuses: list[RolloutStatus] = Field(default_factory=lambda: [RolloutStatus.PREPARING])
     rollout_ids: list[str] | None = None
-    older_than_s: float = Field(default=0.0, ge=0)
+    older_than_s: float = Field(default=0.0, ge=0, le=10 * MAX_TIMEOUT_S)
 
 
 class RegisterWorker(Record):
@@ -91,7 +93,7 @@ class RegisterWorker(Record):
 
     worker_id: str = Field(min_length=1, max_length=200)
     metadata: dict[str, Any] = Field(default_factory=dict)
-    lease_s: float = Field(default=30.0, gt=0)
+    lease_s: float = Field(default=30.0, gt=0, le=MAX_LEASE_S)
 
 
 class UpdateWorker(Record):
