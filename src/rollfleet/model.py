@@ -161,6 +161,10 @@ class Record(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+# Caller-supplied ids (rollouts, batches, groups, workers): letters, digits and ``. _ : @ + = -``,
+# at most 200 characters. No whitespace, slash, percent or control character: an id is a path
+# segment and a log field, and a CR/LF in one once let a client smuggle a second request.
+ID_PATTERN = r"^[A-Za-z0-9._:@+=-]+$"
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # the longest attempt a caller may ask for
 MAX_LEASE_S = 3600.0  # the longest a lease may run without a heartbeat
 PRIORITY_BOUND = 2**31  # priorities are stored as 64-bit integers; callers get ±2^31
@@ -194,10 +198,10 @@ class RolloutSpec(Record):
 
     input: JSON
     mode: str | None = None
-    rollout_id: str | None = Field(default=None, min_length=1, max_length=200)
+    rollout_id: str | None = Field(default=None, min_length=1, max_length=200, pattern=ID_PATTERN)
     priority: int = Field(default=0, gt=-PRIORITY_BOUND, lt=PRIORITY_BOUND)
-    batch_id: str | None = None
-    group_id: str | None = None
+    batch_id: str | None = Field(default=None, min_length=1, max_length=200, pattern=ID_PATTERN)
+    group_id: str | None = Field(default=None, min_length=1, max_length=200, pattern=ID_PATTERN)
     config: RolloutConfig = Field(default_factory=RolloutConfig)
     metadata: dict[str, JSON] = Field(default_factory=dict)
 

@@ -58,3 +58,29 @@ def test_a_rollout_whose_lease_could_never_lapse_is_refused(url: str, config: di
 def test_a_worker_lease_is_capped(url: str) -> None:
     with httpx.Client(base_url=url, timeout=30) as http:
         refused(http.post("/workers", json={"worker_id": "w", "lease_s": 1e308}), "lease_s")
+
+
+@pytest.mark.parametrize("bad", ["a b", "a/b", "a\r\nb", "a%2Fb", "é", "x" * 201])
+def test_caller_ids_follow_one_grammar(url: str, bad: str) -> None:
+    with httpx.Client(base_url=url, timeout=30) as http:
+        refused(http.post("/rollouts", json={"input": {}, "rollout_id": bad}), "rollout_id")
+        refused(http.post("/batches", json={"batch_id": bad, "tasks": [1]}), "batch_id")
+        refused(http.post("/workers", json={"worker_id": bad}), "worker_id")
+
+
+async def test_an_id_cannot_smuggle_a_second_request(url: str) -> None:
+    from rollfleet.client import HttpStore
+    from rollfleet.errors import NotFound
+    from rollfleet.model import RolloutStatus
+
+    store = HttpStore(url)
+    try:
+        victim = await store.enqueue_rollout({"q": 1})
+        smuggle = f"x/cancel HTTP/1.1\r\nhost: h\r\n\r\nPOST /rollouts/{victim.rollout_id}/cancel"
+        with pytest.raises(NotFound):
+            await store.get_rollout(smuggle)
+        with pytest.raises(NotFound):
+            await store.cancel(smuggle)
+        assert (await store.get_rollout(victim.rollout_id)).status is RolloutStatus.QUEUING
+    finally:
+        await store.close()

@@ -43,6 +43,7 @@ from rollfleet.model import (
     new_id,
 )
 from rollfleet.web.errors import error_from_answer
+from rollfleet.web.serving import segment
 
 T = TypeVar("T")
 RETRIES = 4
@@ -169,14 +170,14 @@ class HttpStore:
         """Extend an attempt's lease; the reply says whether to keep going."""
         return _decode(
             HeartbeatReply,
-            await self._call("POST", f"/attempts/{attempt_id}/heartbeat", retry=True),
+            await self._call("POST", f"/attempts/{segment(attempt_id)}/heartbeat", retry=True),
         )
 
     async def heartbeat_many(
         self, attempt_ids: Sequence[str], worker_id: str | None = None
     ) -> list[HeartbeatReply]:
         """Extend several leases and the worker's own heartbeat in one call."""
-        path = f"/workers/{worker_id or '-'}/heartbeat"
+        path = f"/workers/{segment(worker_id or '-')}/heartbeat"
         return _decode(
             list[HeartbeatReply],
             await self._call("POST", path, {"attempt_ids": list(attempt_ids)}, retry=True),
@@ -186,7 +187,9 @@ class HttpStore:
         """Append trajectory steps; refused unless the attempt still owns the rollout."""
         body = {"steps": [st.model_dump(mode="json") for st in steps]}
         return int(
-            orjson.loads(await self._call("POST", f"/attempts/{attempt_id}/steps", body))["added"]
+            orjson.loads(await self._call("POST", f"/attempts/{segment(attempt_id)}/steps", body))[
+                "added"
+            ]
         )
 
     async def complete(
@@ -203,7 +206,8 @@ class HttpStore:
             "error": error,
         }
         return _decode(
-            Rollout, await self._call("POST", f"/attempts/{attempt_id}/complete", body, retry=True)
+            Rollout,
+            await self._call("POST", f"/attempts/{segment(attempt_id)}/complete", body, retry=True),
         )
 
     async def complete_many(self, items: Sequence[Completion]) -> list[CompletionOutcome]:
@@ -220,13 +224,16 @@ class HttpStore:
     async def release(self, attempt_id: str, reason: str = "released") -> Rollout:
         """Give a rollout back to the queue without charging its retry budget."""
         return _decode(
-            Rollout, await self._call("POST", f"/attempts/{attempt_id}/release", {"reason": reason})
+            Rollout,
+            await self._call(
+                "POST", f"/attempts/{segment(attempt_id)}/release", {"reason": reason}
+            ),
         )
 
     async def cancel(self, rollout_id: str) -> Rollout:
         """Cancel a rollout that has not finished (idempotent)."""
         return _decode(
-            Rollout, await self._call("POST", f"/rollouts/{rollout_id}/cancel", retry=True)
+            Rollout, await self._call("POST", f"/rollouts/{segment(rollout_id)}/cancel", retry=True)
         )
 
     async def requeue(
@@ -253,7 +260,9 @@ class HttpStore:
 
     async def get_rollout(self, rollout_id: str) -> Rollout:
         """Return one rollout or raise NotFound."""
-        return _decode(Rollout, await self._call("GET", f"/rollouts/{rollout_id}", retry=True))
+        return _decode(
+            Rollout, await self._call("GET", f"/rollouts/{segment(rollout_id)}", retry=True)
+        )
 
     async def query_rollouts(
         self,
@@ -318,7 +327,9 @@ class HttpStore:
     async def update_worker(self, worker_id: str, status: WorkerStatus | None = None) -> Worker:
         """Record a worker's heartbeat and, if given, its status."""
         body = {"status": None if status is None else WorkerStatus(status).value}
-        return _decode(Worker, await self._call("PATCH", f"/workers/{worker_id}", body, retry=True))
+        return _decode(
+            Worker, await self._call("PATCH", f"/workers/{segment(worker_id)}", body, retry=True)
+        )
 
     async def query_workers(self, cursor: str | None = None, limit: int = 100) -> Page[Worker]:
         """Return a page of workers."""
@@ -340,7 +351,9 @@ class HttpStore:
         }
         return _decode(
             Page[Step],
-            await self._call("GET", f"/rollouts/{rollout_id}/steps", params=params, retry=True),
+            await self._call(
+                "GET", f"/rollouts/{segment(rollout_id)}/steps", params=params, retry=True
+            ),
         )
 
     async def query_steps_many(
@@ -381,16 +394,18 @@ class HttpStore:
 
     async def put_state(self, key: str, value: Any) -> None:
         """Store a JSON value under a key."""
-        await self._call("PUT", f"/state/{key}", {"value": value}, retry=True)
+        await self._call("PUT", f"/state/{segment(key)}", {"value": value}, retry=True)
 
     async def get_state(self, key: str) -> Any:
         """Return the JSON value under a key, or None."""
-        return orjson.loads(await self._call("GET", f"/state/{key}", retry=True))["value"]
+        return orjson.loads(await self._call("GET", f"/state/{segment(key)}", retry=True))["value"]
 
     async def scan_state(self, prefix: str) -> dict[str, Any]:
         """Return every stored key/value under a prefix."""
         found: dict[str, Any] = orjson.loads(
-            await self._call("GET", f"/state/{prefix}", params={"prefix": "true"}, retry=True)
+            await self._call(
+                "GET", f"/state/{segment(prefix)}", params={"prefix": "true"}, retry=True
+            )
         )
         return found
 

@@ -19,6 +19,7 @@ from rollfleet.coordinator.state import AbortResult, BatchInfo, BatchType, Final
 from rollfleet.errors import StoreUnavailable
 from rollfleet.model import RolloutConfig, RolloutSpec, adapter
 from rollfleet.web.errors import error_from_answer
+from rollfleet.web.serving import segment
 
 FINALIZE_MARGIN_S = 30.0
 _DEFAULT: Any = object()
@@ -84,7 +85,7 @@ class CoordinatorClient:
 
     async def get_batch(self, batch_id: str | int) -> BatchInfo:
         """One batch, its rollouts counted by status as they are now."""
-        return await self._call(BatchInfo, "GET", f"/{batch_id}")
+        return await self._call(BatchInfo, "GET", f"/{segment(str(batch_id))}")
 
     async def list_batches(self) -> list[BatchInfo]:
         """Every batch, oldest first."""
@@ -99,7 +100,11 @@ class CoordinatorClient:
         )
         # no timeout: the request waits as long as the batch takes
         return await self._call(
-            FinalizeResult, "POST", f"/{batch_id}/finalize", body, timeout=http_timeout
+            FinalizeResult,
+            "POST",
+            f"/{segment(str(batch_id))}/finalize",
+            body,
+            timeout=http_timeout,
         )
 
     async def finalize_train_batch(
@@ -123,14 +128,17 @@ class CoordinatorClient:
     ) -> AbortResult:
         """Abort a batch on the server."""
         body = {"reason": reason, "keep_partial_results": keep_partial_results}
-        return await self._call(AbortResult, "POST", f"/{batch_id}/abort", body)
+        return await self._call(AbortResult, "POST", f"/{segment(str(batch_id))}/abort", body)
 
     async def process_experiences(
         self, batch_id: str | int, *, std_normalize: bool = True
     ) -> ExperienceStats:
         """Write the batch's experiences in the server's buffer directory; return their figures."""
         return await self._call(
-            ExperienceStats, "POST", f"/{batch_id}/experiences", {"std_normalize": std_normalize}
+            ExperienceStats,
+            "POST",
+            f"/{segment(str(batch_id))}/experiences",
+            {"std_normalize": std_normalize},
         )
 
     async def close(self) -> None:

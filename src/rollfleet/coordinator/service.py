@@ -22,7 +22,7 @@ from rollfleet.coordinator.state import (
     FinalizeResult,
     StragglerPolicy,
 )
-from rollfleet.model import MAX_TIMEOUT_S, PRIORITY_BOUND, RolloutConfig, RolloutSpec
+from rollfleet.model import ID_PATTERN, MAX_TIMEOUT_S, PRIORITY_BOUND, RolloutConfig, RolloutSpec
 
 MAX_REPEAT_TIMES = 1024  # samples per task
 MAX_BATCH_ROLLOUTS = 100_000  # tasks x repeat_times: one request never allocates more
@@ -33,7 +33,7 @@ class SubmitBatch(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    batch_id: str = Field(min_length=1, max_length=150, pattern=r"^[^/]+$")
+    batch_id: str = Field(min_length=1, max_length=150, pattern=ID_PATTERN)
     tasks: list[Any] = Field(
         default_factory=list, max_length=MAX_BATCH_ROLLOUTS, description="task inputs"
     )

@@ -20,6 +20,7 @@ from rollfleet.errors import Conflict, PoolError, RollfleetError
 from rollfleet.pool.base import Instance, PoolStats
 from rollfleet.pool.leases import Lease
 from rollfleet.web.errors import error_from_answer
+from rollfleet.web.serving import segment
 
 log = logging.getLogger("rollfleet.pool")
 
@@ -89,7 +90,9 @@ class RemotePool:
     async def renew(self, instance: Instance, lease_s: float | None = None) -> Instance:
         """Extend the lease; Conflict when it has already expired."""
         response = await self._call(
-            "POST", f"/leases/{instance.lease_id}/renew", json={"lease_s": lease_s or self.lease_s}
+            "POST",
+            f"/leases/{segment(instance.lease_id or '-')}/renew",
+            json={"lease_s": lease_s or self.lease_s},
         )
         return Lease.model_validate(response.json()).instance()
 
@@ -97,7 +100,7 @@ class RemotePool:
         """End the lease; the server resets (or replaces, if ``broken``) the instance."""
         await self._call(
             "POST",
-            f"/leases/{instance.lease_id}/release",
+            f"/leases/{segment(instance.lease_id or '-')}/release",
             json={"broken": broken, "reason": reason},
         )
 

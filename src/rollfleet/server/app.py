@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rollfleet.errors import RollfleetError
 from rollfleet.server.routes import LeanRoutes, describe, hot_routes, store_router
@@ -64,6 +65,12 @@ def create_app(
     @app.exception_handler(RollfleetError)
     async def rollfleet_error(_: Request, exc: RollfleetError) -> JSONResponse:
         return error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # an unknown path or method answers in the API's one error shape too
+        name = {404: "NotFound", 401: "Unauthorized", 409: "Conflict"}.get(exc.status_code)
+        return error_body(name or "InvalidInput", str(exc.detail), exc.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

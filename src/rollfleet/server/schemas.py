@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import Field
 
 from rollfleet.model import (
+    ID_PATTERN,
     MAX_LEASE_S,
     MAX_TIMEOUT_S,
     AttemptStatus,
@@ -35,7 +36,7 @@ class StartRollout(RolloutSpec):
 class ClaimRequest(Record):
     """Body of POST /claims."""
 
-    worker_id: str = Field(min_length=1, max_length=200)
+    worker_id: str = Field(min_length=1, max_length=200, pattern=ID_PATTERN)
     wait_s: float = Field(default=0.0, ge=0, le=300)
     max_n: int = Field(default=1, ge=1, le=1000)
 
@@ -91,7 +92,7 @@ class RequeueRequest(Record):
 class RegisterWorker(Record):
     """Body of POST /workers."""
 
-    worker_id: str = Field(min_length=1, max_length=200)
+    worker_id: str = Field(min_length=1, max_length=200, pattern=ID_PATTERN)
     metadata: dict[str, Any] = Field(default_factory=dict)
     lease_s: float = Field(default=30.0, gt=0, le=MAX_LEASE_S)
 

@@ -12,6 +12,7 @@ import hmac
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import quote
 
 from starlette.requests import Request
 
@@ -88,3 +89,12 @@ def nodelay_http_protocol() -> type[asyncio.Protocol]:
             super().connection_made(transport)
 
     return NoDelayHTTP
+
+
+def segment(value: str) -> str:
+    """``value`` as one URL path segment: every reserved or control character percent-encoded.
+
+    Clients build every path that holds an id with this, so an id can never end the path, start
+    a query, or (with a CR/LF) end the request line and smuggle a second request.
+    """
+    return quote(value, safe="")
