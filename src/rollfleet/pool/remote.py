@@ -181,7 +181,7 @@ async def fetch_pool_stats(url: str, *, token: str | None = None) -> list[PoolSt
             response = await client.get(url.rstrip("/"))
         except httpx.HTTPError as exc:
             raise PoolError(f"pool service at {url} cannot be reached: {exc!r}") from exc
-        if response.status_code == 404 and '"error"' not in response.text:
-            return []  # a control plane that hosts no pools
+        if response.status_code == 404:
+            return []  # a control plane that hosts no pools: the /pools root is not mounted
         _raise_for(response)
         return [PoolStats.model_validate(item) for item in response.json()]
