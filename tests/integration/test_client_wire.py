@@ -220,3 +220,24 @@ async def test_bytes_left_after_an_answer_stop_the_connection_being_reused(
     assert await client.request("GET", "/y") == (200, b"ok")  # not the smuggled "evil"
     assert server.connections == 2
     client.close()
+
+
+async def test_one_endless_header_line_is_bounded(
+    scripted: Callable[[Answer], Awaitable[Scripted]],
+) -> None:
+    endless = b"HTTP/1.1 200 OK\r\nx-filler: " + b"a" * 200_000  # no line break, ever
+    server = await scripted(raw(endless))
+    client = Client(server.url, {})
+    with pytest.raises(ProtocolError, match="head is over"):
+        await client.request("GET", "/x")
+    client.close()
+
+
+async def test_an_interim_answer_is_skipped(scripted: Callable[[Answer], Awaitable[Scripted]]) -> None:
+    early = b"HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi"
+    server = await scripted(raw(early))
+    client = Client(server.url, {})
+    assert await client.request("GET", "/x") == (200, b"hi")
+    assert await client.request("GET", "/y") == (200, b"ok")
+    assert server.connections == 1  # the connection stayed in step and was reused
+    client.close()

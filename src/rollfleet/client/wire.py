@@ -91,6 +91,10 @@ class _Connection(asyncio.Protocol):
             self._fail(cause if isinstance(cause, ProtocolError) else ProtocolError(str(exc)))
         except httptools.HttpParserError as exc:
             self._fail(ProtocolError(_describe(exc, data, self._head)))
+        else:
+            # llhttp keeps appending to a header line that never ends, so bound the raw bytes too
+            if not self._headers_done and self._received > MAX_HEAD:
+                self._fail(ProtocolError(f"the answer's head is over {MAX_HEAD} bytes"))
 
     # -- httptools callbacks ----------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -139,9 +143,14 @@ class _Connection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
-        """Settle the answer."""
-        self._complete = True
+        """Settle the answer; an interim 1xx answer is skipped (RFC 9110 §15.2)."""
         assert self._parser is not None and self.answer is not None
+        if 100 <= self._parser.get_status_code() < 200:
+            self._received = self._head = self._size = 0
+            self._body, self._lengths = [], set()
+            self._chunked = self._headers_done = False
+            return
+        self._complete = True
         if not self.answer.done():
             self.answer.set_result((self._parser.get_status_code(), b"".join(self._body)))
 
