@@ -137,11 +137,23 @@ class RayFleet:
             )
         for worker_id, actor in self.actors.items():
             try:
-                ray.get(actor.ready.remote(), timeout=120)
+                self._await_ready(actor, time.monotonic() + 120)
             except Exception as exc:
                 self.agent_error = str(exc)
                 raise RollfleetError(f"runner actor {worker_id} failed to start: {exc}") from exc
             self.on_event({"event": "worker_started", "worker_id": worker_id})
+
+    def _await_ready(self, actor: Any, deadline: float) -> None:
+        """Wait for an actor's constructor; one that Ray restarts meanwhile is asked again."""
+        ray = self._ray
+        while True:
+            try:
+                ray.get(actor.ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                return
+            except ray.exceptions.ActorUnavailableError:
+                # killed or crashed while starting: Ray restarts it (max_restarts=-1)
+                if time.monotonic() >= deadline:
+                    raise
 
     async def run(self) -> None:
         """Start the actors and keep them until stop()."""
