@@ -33,15 +33,26 @@ def store_rows(d: dict[str, Any]) -> list[str]:
         rows.append(f"| store | claim+complete/s over HTTP, 4 workers, batched (16): median of {len(head['rounds']['ours'])} "
                     f"interleaved rounds | {n(head['ours_median'])} (SQLite, durable) | {n(head['agl_median'])} "
                     f"(Agent Lightning 0.3.0, in memory) | {head['ratio']:.1f}× |")
+    why_memory = " — a durable write (SQLite fsync'd WAL) against a Python dict: the price of surviving kill -9"
     for key, label in [("http_claim_complete_batched_4", "claim+complete/s over HTTP, 4 workers, batched (16), one run after five other phases"),
                        ("http_claim_complete_4", "claim+complete/s over HTTP, 4 workers, one per request"),
                        ("http_claim_complete_batched_1", "claim+complete/s over HTTP, 1 worker, batched (16)"),
+                       ("http_claim_complete_1", "claim+complete/s over HTTP, 1 worker, one per request"),
+                       ("http_enqueue_4", "enqueue/s over HTTP, 4 clients"),
+                       ("http_enqueue_1", "enqueue/s over HTTP, 1 client"),
                        ("inproc_claim_complete_batched_4", "claim+complete/s in-process, 4 workers, batched"),
-                       ("http_enqueue_4", "enqueue/s over HTTP, 4 clients")]:
+                       ("inproc_claim_complete_batched_1", "claim+complete/s in-process, 1 worker, batched"),
+                       ("inproc_claim_complete_4", "claim+complete/s in-process, 4 workers, one at a time"),
+                       ("inproc_claim_complete_1", "claim+complete/s in-process, 1 worker, one at a time"),
+                       ("inproc_enqueue_4", "enqueue/s in-process, 4 clients"),
+                       ("inproc_enqueue_1", "enqueue/s in-process, 1 client")]:
+        if key not in ours:
+            continue
         theirs = agl.get(key)
-        ratio = f"{ours[key] / theirs:.1f}×" if theirs else "–"
-        rows.append(f"| store | {label} | {n(ours[key])} (SQLite, durable) | {n(theirs) if theirs else '–'} "
-                    f"(Agent Lightning 0.3.0, in memory) | {ratio} |")
+        ratio = f"{ours[key] / theirs:.2f}×" if theirs else "–"
+        loses = bool(theirs) and ours[key] < theirs
+        rows.append(f"| store | {label}{why_memory if loses else ''} | {n(ours[key])} (SQLite, durable) | "
+                    f"{n(theirs) if theirs else '–'} (Agent Lightning 0.3.0, in memory) | {ratio} |")
     lat, agl_lat = ours["dispatch_latency"], agl.get("dispatch_latency", {})
     rows.append(f"| store | dispatch latency p50, enqueue → claimed by an idle worker | {lat['p50_ms']:.1f} ms | "
                 f"{n(agl_lat.get('p50_ms', 0))} ms (5 s polling) | "
@@ -64,6 +75,13 @@ def e2e_rows(d: dict[str, Any]) -> list[str]:
         rows.append(f"| runners | rollouts/s, 50 ms sleep agent, {backend} runners ({shape}) | {n(ours)} | "
                     f"{n(agl['sleep']['rollouts_per_s'])} ({n(agl['sleep_awake']['rollouts_per_s'])} awake) "
                     f"| {ours / agl['sleep']['rollouts_per_s']:.1f}× ({ours / agl['sleep_awake']['rollouts_per_s']:.1f}×) |")
+    like = d["ours"]["local"].get("sleep_n4_c1")
+    if like:
+        rows.append(f"| runners | like for like: rollouts/s, 50 ms sleep agent, 4 local runners × 1 rollout each, as "
+                    f"Agent Lightning's 4 runners | {n(like['rollouts_per_s'])} | {n(agl['sleep']['rollouts_per_s'])} "
+                    f"({n(agl['sleep_awake']['rollouts_per_s'])} awake) | "
+                    f"{like['rollouts_per_s'] / agl['sleep']['rollouts_per_s']:.1f}× "
+                    f"({like['rollouts_per_s'] / agl['sleep_awake']['rollouts_per_s']:.1f}×) |")
     lat = d["ours"]["local"].get("dispatch_latency_n4") or d["ours"]["local"].get("dispatch_latency_n1")
     rows.append(f"| runners | idle runner dispatch p50 (enqueue → agent running) | {lat['p50_ms']:.1f} ms | "
                 f"{n(agl['dispatch_latency']['p50_ms'])} ms | – |")
@@ -102,23 +120,39 @@ def dashboard_rows(d: dict[str, Any]) -> list[str]:
 
 def cluster_rows(d: dict[str, Any]) -> list[str]:
     o, r, q = d["ours"], d["rlinf"], d["ratios"]
-    return [f"| cluster | Channel small items/s | {n(o['small_items_per_s'])} | {n(r['small_items_per_s'])} (RLinf 0.3.0) "
-            f"| {q['small_items_vs_rlinf']:.0f}× |",
-            f"| cluster | Channel 1 MiB items, MB/s | {n(o['big_mb_per_s'])} | {n(r['big_mb_per_s'])} | "
+
+    def cell(side: dict[str, Any], key: str, digits: int = 0) -> str:
+        low, high = side.get(f"{key}_range", [side[key], side[key]])
+        return f"{side[key]:,.{digits}f} [{low:,.{digits}f}–{high:,.{digits}f}]"
+
+    rounds = f"{d.get('rounds', 1)} alternating rounds, {o.get('n_small', '?')} / {o.get('n_big', '?')} items a flow on both sides"
+    return [f"| cluster | Channel small items/s ({rounds}) | {cell(o, 'small_items_per_s')} | "
+            f"{cell(r, 'small_items_per_s')} (RLinf 0.3.0) | {q['small_items_vs_rlinf']:.0f}× |",
+            f"| cluster | Channel 1 MiB items, MB/s | {cell(o, 'big_mb_per_s')} | {cell(r, 'big_mb_per_s')} | "
             f"{q['big_mb_vs_rlinf']:.1f}× |",
-            f"| cluster | group no-op call | {o['group_call_ms']:.2f} ms | raw Ray {o['raw_ray_call_ms']:.2f} ms | "
+            f"| cluster | group no-op call, ms | {cell(o, 'group_call_ms', 2)} | raw Ray "
+            f"{cell(o, 'raw_ray_call_ms', 2)}; RLinf {cell(r, 'group_call_ms', 2)} | "
             f"{q['group_call_vs_raw_ray']:.2f}× raw |"]
 
 
 def run_rows(d: dict[str, Any]) -> list[str]:
-    rows = {(r["design"], r["n"]): r for r in d["rows"]}
-    shared = " / ".join(f"{rows[('rollfleet shared engine', k)]['wall_s']:.0f}" for k in (1, 2, 4)
-                        if ("rollfleet shared engine", k) in rows)
-    seed = " / ".join(f"{rows[('seed: engine per process', k)]['wall_s']:.0f}" for k in (2, 4)
-                      if ("seed: engine per process", k) in rows)
-    return [f"| run | `rollfleet run --mode math`, {d['tasks']} tasks, wall s for N=1 / 2 / 4 runners "
-            f"(CPU-bound on 2 cores) | {shared} (one shared engine) | {seed} (seed: an engine per process, N=2 / 4) "
-            f"| – |"]
+    sides = d["sides"]
+    naive = sides["naive loop (llama-cpp-python)"]
+
+    def cell(f: dict[str, Any]) -> str:
+        w, t = f["wall_s"], f["tokens_per_s"]
+        return (f"{w['median']:.1f} s [{w['min']:.1f}–{w['max']:.1f}], {t['median']:.1f} tokens/s "
+                f"[{t['min']:.1f}–{t['max']:.1f}]")
+
+    rows = []
+    for name, f in sides.items():
+        if name.startswith("naive"):
+            continue
+        rows.append(f"| run | `rollfleet run --mode math`, {d['tasks']} tasks × {d['max_tokens']} tokens, whole "
+                    f"command, {d['rounds']} alternating rounds, median [range]: {name} | {cell(f)} | "
+                    f"{cell(naive)} (a plain loop over llama-cpp-python) | {f['tokens_per_s_vs_naive']:.2f}× "
+                    f"tokens/s, {f['wall_vs_naive']:.2f}× wall |")
+    return rows
 
 
 def wire_rows(d: dict[str, Any]) -> list[str]:
@@ -140,10 +174,25 @@ def ab_rows(d: dict[str, Any]) -> list[str]:
     return rows
 
 
+def sandbox_rows(d: dict[str, Any]) -> list[str]:
+    c = d["cases"]
+
+    def cell(name: str) -> str:
+        return f"{c[name]['p50']:.1f} [{c[name]['min']:.1f}–{c[name]['max']:.1f}]"
+
+    return [f"| sandbox | ms to run `print('ok')` in the py sandbox, p50 [range of {d['rounds']} alternating rounds]: "
+            f"bubblewrap (isolated) vs rlimits only (`--unsafe-sandbox`) | {cell('trivial/bwrap')} | "
+            f"{cell('trivial/none')} (rlimits only) | +{d['overhead_ms']:.1f} ms |",
+            f"| sandbox | ms to score a solution against 3 tests: the judge under bubblewrap vs one plain unittest "
+            f"run whose summary the solution could forge (before) | {cell('score/judge+bwrap')} | "
+            f"{cell('score/unittest+none')} (forgeable) | "
+            f"{c['score/unittest+none']['p50'] / c['score/judge+bwrap']['p50']:.2f}× |"]
+
+
 SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
     ("store_throughput", store_rows), ("end_to_end", e2e_rows), ("pool", pool_rows), ("engines", engine_rows),
     ("stragglers", straggler_rows), ("dashboard", dashboard_rows), ("cluster", cluster_rows), ("run", run_rows),
-    ("wire_parse", wire_rows), ("refactor_ab", ab_rows),
+    ("wire_parse", wire_rows), ("refactor_ab", ab_rows), ("sandbox", sandbox_rows),
 ]
 
 

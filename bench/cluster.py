@@ -5,6 +5,10 @@ throughput for small items (items/s) and 1 MiB items (MB/s), ours vs RLinf's Cha
 same producer/consumer pattern. RLinf runs in a subprocess with ``<repo>/.venv-peers/bin/python``
 (RAY_ADDRESS=local, a private RAY_TMPDIR); when it is missing the peer is recorded as not installed.
 
+Both sides move the same number of items (N_SMALL small, N_BIG big) in every flow, and the sides
+alternate: a round measures ours (a fresh cluster), then RLinf (a fresh subprocess), ROUNDS times;
+the figures are medians over the rounds with their range.
+
 Run: ``python -m bench.cluster`` from the repository root.
 """
 
@@ -27,9 +31,8 @@ PEER_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
 SMALL = b"x" * 64
 BIG_BYTES = 1 << 20
 N_CALLS = 1500  # group calls, alternating with as many raw Ray calls
-N_SMALL, N_BIG = 3000, 200
-N_SMALL_PEER, N_BIG_PEER = 300, 100
-REPEATS = 3  # channel figures are the median of this many flows, on both sides
+N_SMALL, N_BIG = 1000, 100  # items per flow, the same for both sides
+ROUNDS = 3  # ours, RLinf, ours, RLinf, ...
 
 # The same producer/consumer pattern, in RLinf's API, run by the peer venv's python.
 RLINF_SCRIPT = r'''
@@ -74,8 +77,8 @@ for _ in range(n_calls):
 call_ms = sorted(calls)[len(calls) // 2] * 1e3
 flow(p, c, ch, 20, 64)
 flow(p, c, ch, 20, 1 << 20)
-small = sorted(n_small / flow(p, c, ch, n_small, 64) for _ in range(3))[1]
-big = sorted(n_big * 1.048576 / flow(p, c, ch, n_big, 1 << 20) for _ in range(3))[1]
+small = n_small / flow(p, c, ch, n_small, 64)
+big = n_big * 1.048576 / flow(p, c, ch, n_big, 1 << 20)
 print("RESULT " + json.dumps({"group_call_ms": call_ms, "small_items_per_s": small,
       "big_mb_per_s": big, "n_small": n_small, "n_big": n_big}), flush=True)
 '''
@@ -109,17 +112,17 @@ def _ours() -> dict[str, Any]:
         channel = create_channel("bench_channel")
         _flow(producer, consumer, channel, 20, 64)
         _flow(producer, consumer, channel, 20, BIG_BYTES)
-        small = [N_SMALL / _flow(producer, consumer, channel, N_SMALL, 64) for _ in range(REPEATS)]
-        big = [N_BIG * BIG_BYTES / 1e6 / _flow(producer, consumer, channel, N_BIG, BIG_BYTES) for _ in range(REPEATS)]
+        small = N_SMALL / _flow(producer, consumer, channel, N_SMALL, 64)
+        big = N_BIG * BIG_BYTES / 1e6 / _flow(producer, consumer, channel, N_BIG, BIG_BYTES)
         by_ref = create_channel("bench_channel_by_ref", inline_limit=64 * 1024)  # every 1 MiB item by reference
         _flow(producer, consumer, by_ref, 20, BIG_BYTES)
-        big_ref = [N_BIG * BIG_BYTES / 1e6 / _flow(producer, consumer, by_ref, N_BIG, BIG_BYTES) for _ in range(REPEATS)]
+        big_ref = N_BIG * BIG_BYTES / 1e6 / _flow(producer, consumer, by_ref, N_BIG, BIG_BYTES)
         return {
             "group_call_ms": ours_ms,
             "raw_ray_call_ms": raw_ms,
-            "small_items_per_s": statistics.median(small),
-            "big_mb_per_s": statistics.median(big),
-            "big_by_reference_mb_per_s": statistics.median(big_ref),
+            "small_items_per_s": small,
+            "big_mb_per_s": big,
+            "big_by_reference_mb_per_s": big_ref,
             "n_small": N_SMALL,
             "n_big": N_BIG,
         }
@@ -163,7 +166,7 @@ def _rlinf() -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="rfb", dir="/tmp") as tmp:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RAY_ADDRESS")}
         env |= {"RAY_ADDRESS": "local", "RAY_TMPDIR": tmp}
-        args = [str(PEER_PYTHON), "-c", RLINF_SCRIPT, str(N_SMALL_PEER), str(N_BIG_PEER), str(N_CALLS)]
+        args = [str(PEER_PYTHON), "-c", RLINF_SCRIPT, str(N_SMALL), str(N_BIG), str(N_CALLS)]
         proc = subprocess.run(args, capture_output=True, text=True, env=env, cwd=tmp, timeout=600)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
@@ -216,18 +219,38 @@ def _table(ours: dict[str, Any], peer: dict[str, Any], ratios: dict[str, Any]) -
     Console().print(f"RLinf: {peer['status']}")
 
 
+FIGURES = ("group_call_ms", "raw_ray_call_ms", "small_items_per_s", "big_mb_per_s", "big_by_reference_mb_per_s")
+
+
+def _medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each figure's median over the rounds, and its range under ``<figure>_range``."""
+    out: dict[str, Any] = {"rounds": rounds}
+    for key in FIGURES:
+        values = [r[key] for r in rounds if isinstance(r.get(key), (int, float))]
+        if values:
+            out[key] = statistics.median(values)
+            out[f"{key}_range"] = [min(values), max(values)]
+    return out
+
+
 def main() -> dict[str, Any]:
-    """Run both sides, print the table, write bench/results/cluster.json and return it."""
+    """Alternate both sides over ROUNDS rounds, print the table, write bench/results/cluster.json."""
     from rich.progress import Progress
 
+    ours_rounds: list[dict[str, Any]] = []
+    peer_rounds: list[dict[str, Any]] = []
     with Progress(transient=True) as progress:
-        task = progress.add_task("rollfleet.cluster + raw Ray", total=2)
-        ours = _ours()
-        progress.update(task, advance=1, description="RLinf 0.3.0 (subprocess)")
-        peer = _rlinf()
-        progress.update(task, advance=1)
+        task = progress.add_task("rollfleet.cluster / RLinf rounds", total=2 * ROUNDS)
+        for _ in range(ROUNDS):
+            ours_rounds.append(_ours())
+            progress.update(task, advance=1)
+            peer_rounds.append(_rlinf())
+            progress.update(task, advance=1)
+    ours = {**_medians(ours_rounds), "n_small": N_SMALL, "n_big": N_BIG}
+    peer = {**_medians([r for r in peer_rounds if "small_items_per_s" in r]), "status": peer_rounds[-1]["status"],
+            "n_small": N_SMALL, "n_big": N_BIG}
     ratios = _ratios(ours, peer)
-    result = {"ours": ours, "rlinf": peer, "ratios": ratios, "machine": _machine(),
+    result = {"ours": ours, "rlinf": peer, "ratios": ratios, "rounds": ROUNDS, "machine": _machine(),
               "command": "python -m bench.cluster", "peer_install":
               ".venv-peers/bin/pip install torch==2.13.0 'ray[default]' omegaconf hydra-core numpy pyyaml "
               "aiohttp requests filelock packaging sortedcontainers && .venv-peers/bin/pip install --no-deps rlinf==0.3.0",

@@ -1,7 +1,8 @@
 """Store throughput: enqueue/s, claim+complete/s and dispatch latency, ours vs Agent Lightning 0.3.0.
 
 In-process and over HTTP, 1 and 4 concurrent workers, on SQLite and PostgreSQL, all in one run.
-Every write of ours that acknowledges data is durable before it is answered (SQLite: the WAL is
+Both sides get the same queue before every claim phase (SEED rollouts), so the claims of either
+never run on an emptier or fuller queue. Every write of ours that acknowledges data is durable before it is answered (SQLite: the WAL is
 fdatasync'ed first; PostgreSQL: synchronous_commit on); Agent Lightning's store here is its
 in-memory one (what `agl store` serves), not durable. Over HTTP, the n client processes of a
 figure start timing together, once all of them have imported and connected.
@@ -148,9 +149,9 @@ def agl() -> dict[str, Any]:
         for workers in (1, 4):
             row[f"http_enqueue_{workers}"] = clients(py, "agl", url, "enqueue", workers)
         for workers in (1, 4):
-            client(py, "agl", url, "seed", n=SEED // 10)
+            client(py, "agl", url, "seed", n=SEED)
             row[f"http_claim_complete_{workers}"] = clients(py, "agl", url, "claim", workers)
-            client(py, "agl", url, "seed", n=SEED // 10)
+            client(py, "agl", url, "seed", n=SEED)
             row[f"http_claim_complete_batched_{workers}"] = clients(py, "agl", url, "claim_batch", workers)
     finally:
         stop(server)
@@ -174,7 +175,7 @@ def headline() -> dict[str, Any]:
         for _ in range(ROUNDS):
             client(PY, "ours", ours_url, "seed", n=SEED)
             rounds["ours"].append(clients(PY, "ours", ours_url, "claim_batch", 4))
-            client(str(PEERS_PY), "agl", agl_url, "seed", n=SEED // 10)
+            client(str(PEERS_PY), "agl", agl_url, "seed", n=SEED)
             rounds["agl"].append(clients(str(PEERS_PY), "agl", agl_url, "claim_batch", 4))
     finally:
         stop(ours)

@@ -34,6 +34,11 @@ def chromium_path() -> str:
     return path
 
 
+def bubblewrap() -> None:
+    """Skip (fail under ROLLFLEET_REQUIRE_ALL=1) where bubblewrap, the py sandbox's default, is missing."""
+    require(shutil.which("bwrap") is not None, "bubblewrap (apt-get install bubblewrap)")
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as sock:

@@ -9,9 +9,10 @@ The tree::
     ├── Unauthorized               a missing or wrong bearer token (HTTP 401)
     ├── StoreUnavailable           the store's backend or server cannot be reached
     ├── AgentError                 an agent could not be loaded or has a bad signature
-    ├── PoolError                  a resource pool could not serve a request
-    │   └── PoolTimeout            acquire() waited longer than its timeout
-    ├── EngineError                an inference engine failed to start, answer or abort
+    ├── InfraError                 the environment or infrastructure failed, not the policy
+    │   ├── PoolError              a resource pool could not serve a request
+    │   │   └── PoolTimeout        acquire() waited longer than its timeout
+    │   └── EngineError            an inference engine failed to start, answer or abort
     └── ClusterError               a cluster-layer (Ray) failure
         ├── ClusterTimeout         a wait on a peer outlived its timeout
         ├── ChannelEmpty           Channel.get_nowait on an empty queue (also an asyncio.QueueEmpty)
@@ -69,7 +70,16 @@ class AgentError(RollfleetError):
     """Raised when an agent cannot be imported or does not have the agent signature."""
 
 
-class PoolError(RollfleetError):
+class InfraError(RollfleetError):
+    """Raised when the environment or the infrastructure fails (a sandbox, a VM, an engine).
+
+    An attempt that ends with one is an infrastructure failure: retried like any failure, stored
+    with the ``infrastructure:`` prefix, counted apart in summaries and metrics, and never scored
+    (a reward of 0 would teach the policy that its answer was wrong).
+    """
+
+
+class PoolError(InfraError):
     """Raised when a resource pool cannot serve a request."""
 
     status_code = 503
@@ -81,7 +91,7 @@ class PoolTimeout(PoolError):
     status_code = 504
 
 
-class EngineError(RollfleetError):
+class EngineError(InfraError):
     """Raised when an inference engine fails to start, answer or abort."""
 
 
@@ -101,6 +111,29 @@ class ChannelFull(ClusterError, asyncio.QueueFull):
     """Raised by Channel.put_nowait when the channel holds maxsize items."""
 
 
+INFRASTRUCTURE = "infrastructure: "  # how a stored attempt error marks an InfraError
+_LOST = ("lease expired", "requeued by operator")  # the store's words for a runner that went away
+
+
+def describe_failure(exc: BaseException, detail: str) -> str:
+    """An attempt's stored error: ``detail``, marked when ``exc`` is the infrastructure's."""
+    return (INFRASTRUCTURE if isinstance(exc, InfraError) else "") + detail
+
+
+def failure_kind(status: str, error: str | None) -> str | None:
+    """Why a finished rollout did not succeed: ``infrastructure`` (a sandbox, VM or engine
+    failed, or its runner went away), ``timeout``, ``agent`` (the agent's own error), or None
+    for one that succeeded, was cancelled or has not ended."""
+    if status != "failed":
+        return None
+    text = error or ""
+    if text.startswith(INFRASTRUCTURE) or text.startswith(_LOST):
+        return "infrastructure"
+    if "timeout_s" in text and "exceeded" in text:
+        return "timeout"
+    return "agent"
+
+
 ERRORS_BY_NAME: dict[str, type[RollfleetError]] = {
     cls.__name__: cls
     for cls in (
@@ -111,6 +144,7 @@ ERRORS_BY_NAME: dict[str, type[RollfleetError]] = {
         Unauthorized,
         StoreUnavailable,
         AgentError,
+        InfraError,
         PoolError,
         PoolTimeout,
         EngineError,

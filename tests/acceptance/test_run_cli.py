@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import require
+from support import bubblewrap, require
 
 pytestmark = pytest.mark.timeout(180)
 EXAMPLES = Path(str(resources.files("rollfleet.examples")))
@@ -120,6 +120,8 @@ def wait_group_empty(pgid: int, timeout: float) -> bool:
 @pytest.mark.parametrize("mode", ["math", "py", "rag", "web"])
 def test_mode_end_to_end_rewards_match_recomputation(mode: str, tmp_path: Path) -> None:
     require(has_model(), "llama-cpp-python and the bundled SmolLM2 model")
+    if mode == "py":
+        bubblewrap()
     out = tmp_path / "out"
     done = run(mode, EXAMPLES / f"{mode}.jsonl", out, "--num-rollouts", "2", "--limit", "3", "--max-turns", "3",
                "--max-tokens", "80", "--samples-per-task", "2" if mode == "math" else "1")
@@ -155,6 +157,16 @@ def test_bad_data_names_file_line_and_field_before_starting(tmp_path: Path) -> N
     assert done.returncode == 2 and f"{data}:2: expected a JSON object, got list" in done.stderr
     done = run("py", EXAMPLES / "math.jsonl", tmp_path / "out", timeout=60)
     assert done.returncode == 2 and "math.jsonl:1: field 'prompt' is missing" in done.stderr
+
+
+def test_py_without_bubblewrap_refuses_in_one_line(tmp_path: Path) -> None:
+    empty = tmp_path / "bin"
+    empty.mkdir()  # a PATH on which no bwrap exists
+    done = subprocess.run(run_cmd("py", EXAMPLES / "py.jsonl", tmp_path / "out", "--limit", "1"), capture_output=True,
+                          text=True, timeout=60, check=False, env={**os.environ, "PATH": str(empty)})
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "needs bubblewrap" in done.stderr and "apt-get install bubblewrap" in done.stderr
+    assert "--unsafe-sandbox" in done.stderr and not (tmp_path / "out").exists()
 
 
 def test_osworld_without_hypervisor_fails_fast(tmp_path: Path) -> None:
@@ -202,6 +214,7 @@ def test_killed_run_resumes_and_runs_only_the_rest(tmp_path: Path) -> None:
 
 def test_py_shared_pool_n_rollouts_over_m_sandboxes(tmp_path: Path) -> None:
     require(has_model(), "llama-cpp-python and the bundled SmolLM2 model")
+    bubblewrap()
     out = tmp_path / "out"
     done = run("py", EXAMPLES / "py.jsonl", out, "--num-rollouts", "3", "--use-vm-pool", "--num-vms", "2",
                "--limit", "5", "--max-turns", "2", "--max-tokens", "64")

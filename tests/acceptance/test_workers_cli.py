@@ -13,7 +13,7 @@ import pytest
 
 from rollfleet.client import HttpStore
 from rollfleet.model import RolloutSpec, RolloutStatus, WorkerStatus
-from support import ServeProcess, eventually
+from support import ServeProcess, bubblewrap, eventually
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -103,6 +103,7 @@ def test_requeue_and_cancel_commands(tmp_path: Path) -> None:
 
 
 def test_status_over_http_shows_hosted_pools(tmp_path: Path) -> None:
+    bubblewrap()
     config = tmp_path / "pools.toml"
     config.write_text('[pools.py]\nprovider = "sandbox"\nsize = 2\n')
     server = ServeProcess(f"sqlite:///{tmp_path}/p.db", "--pools", str(config)).start()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import threading
 
 import pytest
 
@@ -95,7 +96,17 @@ async def test_engine_hf_abort_returns_partial_tokens(engine) -> None:
                 return item
         raise AssertionError("no result")
 
+    # Hold the worker thread until all four are queued, so they share one batch: a request
+    # that arrives while a batch runs waits for it, and could finish before the abort.
+    gate = threading.Event()
+    engine.inbox.put(gate.wait)
     tasks = [asyncio.create_task(run(i)) for i in range(4)]
+    async def queued() -> None:
+        while engine.inbox.qsize() < 4:
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(queued(), 30)
+    gate.set()
     await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 60)
     assert await asyncio.wait_for(engine.abort(None), 1.0) == 4
     for result in await asyncio.wait_for(asyncio.gather(*tasks), 10):

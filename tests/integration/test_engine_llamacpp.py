@@ -76,6 +76,36 @@ async def test_engine_llamacpp_same_seed_same_sample(engine) -> None:
     assert a.completion_token_ids == b.completion_token_ids
 
 
+async def test_engine_llamacpp_prefix_cache_reuses_what_a_slot_holds(engine) -> None:
+    count = [{"role": "user", "content": "Count from 1 to 10: 1, 2, 3,"}]
+    first = await engine.chat(count, max_tokens=12, temperature=0)
+    before = engine.reused_tokens
+    again = await engine.chat(count, max_tokens=12, temperature=0)
+    assert engine.reused_tokens - before == len(first.prompt_token_ids) - 1  # all but the last prompt token
+    # the same answer: a wrong cache would change it (a near-tie may differ in the last bits of other kernels)
+    assert again.completion_token_ids == first.completion_token_ids
+    assert again.logprobs == pytest.approx(first.logprobs, abs=0.05)
+    system = {"role": "system", "content": "You count."}
+    longer = [system, *count, {"role": "assistant", "content": first.text}, {"role": "user", "content": "Go on."}]
+    await engine.chat([system, *count], max_tokens=12, temperature=0)
+    before = engine.reused_tokens
+    cached = await engine.chat(longer, max_tokens=12, temperature=0)
+    assert 0 < engine.reused_tokens - before < len(cached.prompt_token_ids)  # the shared start only
+
+
+async def test_engine_llamacpp_without_prefix_cache_replays_bit_for_bit() -> None:
+    from rollfleet.engines.llamacpp import LlamaCppEngine
+
+    engine = LlamaCppEngine(slots=2, ctx_per_seq=1024, prefix_cache=False)
+    await engine.start()
+    try:
+        runs = [await engine.chat(QUESTION, max_tokens=12, temperature=0) for _ in range(2)]
+    finally:
+        await engine.stop()
+    assert engine.reused_tokens == 0
+    assert runs[0].completion_token_ids == runs[1].completion_token_ids and runs[0].logprobs == runs[1].logprobs
+
+
 async def test_engine_llamacpp_abort_returns_partial_tokens_for_all_eight(engine) -> None:
     params = SamplingParams(max_tokens=900, ignore_eos=True, temperature=0.8)
     first_token = [asyncio.Event() for _ in range(8)]

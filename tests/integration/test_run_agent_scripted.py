@@ -21,9 +21,11 @@ import pytest
 from openai.types.chat import ChatCompletion
 
 from rollfleet.envs import EnvSpec, build_env_source
+from rollfleet.errors import failure_kind
 from rollfleet.model import RolloutSpec, RolloutStatus
 from rollfleet.runner.runner import Runner
 from rollfleet.store import SqlStore, open_sql_store
+from support import bubblewrap
 
 pytestmark = pytest.mark.timeout(120)
 Script = Callable[[list[dict[str, Any]]], dict[str, Any]]
@@ -146,6 +148,32 @@ async def test_engine_that_keeps_failing_fails_the_rollout(store: SqlStore) -> N
     [done] = await run_all(store, [spec("math", {"question": "1+1?", "answer": 2}, max_retries=1)],
                            lambda r: llm, None)
     assert done.status is RolloutStatus.FAILED and "the engine failed 2 times" in done.error
+    assert failure_kind(done.status.value, done.error) == "infrastructure"  # an engine down is no wrong answer
+
+
+def code_script(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"content": "```python\ndef add(a, b):\n    return a + b\n```"}
+
+
+async def test_py_solution_is_scored_by_the_judge(store: SqlStore) -> None:
+    bubblewrap()
+    task = {"prompt": "Add.", "entry_point": "add", "tests": ["add(2, 3) == 5", "add(-1, 1) == 0"]}
+    [done] = await run_all(store, [spec("py", task)], lambda r: ScriptedLLM(code_script),
+                           build_env_source(EnvSpec(mode="py")))
+    assert done.status is RolloutStatus.SUCCEEDED, done.error
+    assert done.result.reward == 1.0 and done.result.output["score"]["passed"] == 2
+
+
+async def test_a_broken_sandbox_is_an_infrastructure_failure_not_a_zero(store: SqlStore) -> None:
+    bubblewrap()
+    task = {"prompt": "Add.", "entry_point": "add", "tests": ["add(2, 3) == 5"]}
+    # a real sandbox with a broken interpreter: it runs, and says nothing
+    env = build_env_source(EnvSpec(mode="py", sandbox={"python": "/usr/bin/true"}))
+    made = RolloutSpec(input=task, mode="py", metadata={"run": {"max_turns": 2}}, config={"max_attempts": 2})
+    [done] = await run_all(store, [made], lambda r: ScriptedLLM(code_script), env)
+    assert done.status is RolloutStatus.FAILED and done.result is None and done.num_attempts == 2
+    assert done.error.startswith("infrastructure: PoolError") and "check failed" in done.error
+    assert failure_kind(done.status.value, done.error) == "infrastructure"
 
 
 def desktop_script(messages: list[dict[str, Any]]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from rollfleet.envs.py import run_py_tests
 from rollfleet.envs.rag import RagIndex
 from rollfleet.envs.web import Browser, WebSite
 from rollfleet.pool import SandboxLimits, SandboxProvider
+from support import bubblewrap
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -46,16 +47,17 @@ async def test_web_browser_open_click_find_back() -> None:
 
 
 async def test_py_reward_runs_the_tests_in_the_sandbox(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    provider = SandboxProvider(SandboxLimits(wall_s=3), root=tmp_path)
+    bubblewrap()
+    provider = SandboxProvider(SandboxLimits(wall_s=3, test_s=2), root=tmp_path)
     sandbox = await provider.start("py-test")
     try:
         tests = ["add(2, 3) == 5", "add(-1, 1) == 0"]
         good = await run_py_tests(sandbox, "def add(a, b):\n    return a + b\n", tests)
-        assert good.reward == 1.0 and good.correct and good.details["ran"] == 2
+        assert good.reward == 1.0 and good.correct and good.details["passed"] == 2
         half = await run_py_tests(sandbox, "def add(a, b):\n    return 5\n", tests)
         assert half.reward == 0.5 and not half.correct
         broken = await run_py_tests(sandbox, "def add(a, b) return", tests)
-        assert broken.reward == 0.0
+        assert broken.reward == 0.0 and "SyntaxError" in broken.details["import_error"]
         looping = await run_py_tests(sandbox, "while True:\n    pass\n", tests)
         assert looping.reward == 0.0
     finally:

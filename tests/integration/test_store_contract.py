@@ -375,3 +375,51 @@ async def test_ids_sort_by_creation(case) -> None:  # type: ignore[no-untyped-de
     case.clock.advance(1.0)  # attempt ids carry the store's clock
     b = await claim_one(s)
     assert a.attempt.attempt_id < b.attempt.attempt_id
+
+
+class DiskGate:
+    """Stands in for ``os.fdatasync``: the SQLite flusher's sync waits until the test opens it."""
+
+    def __init__(self) -> None:
+        import os
+        import threading
+
+        self.real = os.fdatasync
+        self.entered = threading.Event()
+        self.opened = threading.Event()
+
+    def __call__(self, fd: int) -> None:
+        self.entered.set()
+        assert self.opened.wait(30), "the test never let the disk finish"
+        self.real(fd)
+
+
+async def test_training_reads_see_a_completion_only_once_it_is_on_disk(case, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # get_rollout and wait_for_rollouts are durable; query_rollouts may run ahead of the disk
+    s = case.store
+    await s.enqueue_rollout("x", rollout_id="dur-1")
+    r = await claim_one(s)
+    sqlite = "sqlite" in case.kind
+    gate = DiskGate()
+    if sqlite:  # every backend runs this test; only SQLite's sync can be held from here
+        import os
+
+        monkeypatch.setattr(os, "fdatasync", gate)
+    completing = asyncio.create_task(s.complete(r.attempt.attempt_id, AttemptStatus.SUCCEEDED, RolloutResult(reward=1)))
+    if sqlite:
+        assert await asyncio.to_thread(gate.entered.wait, 30)  # committed; its sync is held
+        listed = await s.query_rollouts(status=[RolloutStatus.SUCCEEDED])
+        assert [x.rollout_id for x in listed.items] == ["dur-1"]  # the documented pre-durable read
+    else:  # PostgreSQL: a committed completion was flushed before anyone could see it
+        await completing
+    got = asyncio.create_task(s.get_rollout("dur-1"))
+    waited = asyncio.create_task(s.wait_for_rollouts(["dur-1"], timeout=30))
+    if sqlite:
+        try:
+            done, _ = await asyncio.wait([got, waited, completing], timeout=0.5)  # a bounded wait for nothing
+            assert not done, "a training read returned a completion that is not on disk yet"
+        finally:
+            gate.opened.set()
+    assert (await completing).status is RolloutStatus.SUCCEEDED
+    assert (await got).status is RolloutStatus.SUCCEEDED
+    assert [x.status for x in await waited] == [RolloutStatus.SUCCEEDED]

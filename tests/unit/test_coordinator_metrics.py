@@ -78,3 +78,14 @@ def test_eval_ks() -> None:
     assert m.eval_ks(1) == [1]
     assert m.eval_ks(8) == [2, 4, 8]
     assert m.eval_ks(6) == [2, 4, 6]
+
+
+def test_failure_counts_by_kind() -> None:
+    from rollfleet.errors import EngineError, describe_failure
+
+    engine_down = describe_failure(EngineError("unreachable"), "EngineError: unreachable")
+    assert engine_down.startswith("infrastructure: ")
+    assert describe_failure(ValueError("x"), "ValueError: x") == "ValueError: x"
+    out = m.failure_counts([("failed", engine_down), ("failed", "ValueError: x"), ("succeeded", None),
+                            ("failed", "timeout_s=3 exceeded"), ("cancelled", "cancelled")])
+    assert out == {"failures/infrastructure": 1.0, "failures/timeout": 1.0, "failures/agent": 1.0}

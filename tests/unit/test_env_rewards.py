@@ -7,7 +7,8 @@ import pytest
 from rollfleet.envs import get_mode
 from rollfleet.envs.base import normalize_answer, token_f1
 from rollfleet.envs.math import final_number, math_reward, to_number
-from rollfleet.envs.py import extract_code, unittest_source
+from rollfleet.envs.py import extract_code
+from rollfleet.pool.providers.judge import plan
 from rollfleet.envs.rag import rag_reward
 from rollfleet.envs.web import web_reward
 from rollfleet.errors import InvalidInput
@@ -49,6 +50,9 @@ def test_math_check_names_line_and_field() -> None:
 @pytest.mark.parametrize(("mode", "task", "message"), [
     ("py", {"prompt": "p", "entry_point": "f", "tests": ["f( == 1"]}, "field 'tests.0' is not a Python expression"),
     ("py", {"prompt": "p", "entry_point": "f", "tests": []}, "field 'tests' is empty"),
+    ("py", {"prompt": "p", "entry_point": "f", "tests": ["1"] * 101}, "field 'tests' has 101 tests; at most 100"),
+    ("py", {"prompt": "p", "entry_point": "f", "tests": ["1" * 2001]}, "field 'tests.0' is 2001 characters; at most 2000"),
+    ("py", {"prompt": "p", "entry_point": "f", "tests": ["(" * 1000 + ")" * 1000]}, "field 'tests.0' is not a Python expression"),
     ("py", {"prompt": "p", "tests": ["1"]}, "field 'entry_point' is missing"),
     ("rag", {"question": "q", "answers": [""]}, "field 'answers.0' must be a non-empty string"),
     ("rag", {"question": "q", "answers": "x"}, "field 'answers' must be list"),
@@ -82,6 +86,12 @@ def test_py_code_extraction_and_test_module() -> None:
     answer = "Here:\n```python\ndef f():\n    return 1\n```\nand\n```py\ndef g():\n    return 2\n```"
     assert extract_code(answer) == "def g():\n    return 2\n"
     assert extract_code("def h(): pass") == "def h(): pass"
-    source = unittest_source(["g() == 2", "g() > 0"])
-    compile(source, "test_solution.py", "exec")
-    assert source.count("def test_") == 2 and "self.assertTrue(g() == 2)" in source
+
+
+def test_judge_plan_asks_only_for_what_is_not_a_literal() -> None:
+    import ast
+
+    assert plan("g(1) == 2") == ([("ask", "g(1)"), ("literal", 2)], [ast.Eq], False)
+    assert plan("not 0 < g('x') <= (1, 2)") == (
+        [("literal", 0), ("ask", "g('x')"), ("literal", (1, 2))], [ast.Lt, ast.LtE], True)
+    assert plan("is_even(4)") == ([("ask", "is_even(4)")], [], False)

@@ -8,6 +8,7 @@ from rollfleet.errors import InvalidInput
 from rollfleet.pool.config import build_pool, parse_config
 from rollfleet.pool.providers.command import CommandProvider
 from rollfleet.pool.providers.sandbox import SandboxProvider
+from support import bubblewrap
 
 GOOD = """
 [pools.py]
@@ -31,6 +32,7 @@ reset = "true"
 
 
 def test_good_config_builds_pools_with_their_options_and_policy() -> None:
+    bubblewrap()
     config = parse_config(GOOD, "pools.toml")
     assert list(config.pools) == ["py", "fleet"]
     py = build_pool("py", config.pools["py"])

@@ -8,7 +8,8 @@ from collections.abc import Callable
 import pytest
 
 from rollfleet.errors import Conflict, PoolError, PoolTimeout
-from rollfleet.pool.base import Instance, InstanceState, PoolStats, percentile
+from rollfleet.pool.base import Instance, InstanceState, PoolStats
+from rollfleet.stats import percentile
 from rollfleet.pool.pool import Pool, PoolPolicy
 from rollfleet.pool.providers.memory import MemoryProvider
 
@@ -235,7 +236,8 @@ async def test_close_fails_waiters_and_stops_instances() -> None:
 
 
 def test_percentile_and_backoff() -> None:
-    assert percentile([], 0.5) == 0.0
+    with pytest.raises(ValueError):
+        percentile([], 0.5)
     assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0
     assert percentile([float(i) for i in range(101)], 0.99) == 99.0
     policy = PoolPolicy(backoff_s=1.0, backoff_max_s=5.0)

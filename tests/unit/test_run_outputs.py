@@ -9,7 +9,8 @@ import pytest
 
 from rollfleet.envs import get_mode
 from rollfleet.errors import InvalidInput
-from rollfleet.run.outputs import pass_at_k, percentile, summarize
+from rollfleet.run.outputs import summarize
+from rollfleet.stats import pass_at_k, percentile
 from rollfleet.run.tasks import TaskLine, build_specs, load_tasks, rollout_id, run_key
 
 
@@ -22,7 +23,8 @@ def test_pass_at_k() -> None:
 
 
 def test_percentile() -> None:
-    assert percentile([], 0.5) is None
+    with pytest.raises(ValueError):
+        percentile([], 0.5)
     assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0
     assert percentile([0.0, 10.0], 0.95) == pytest.approx(9.5)
 
@@ -84,3 +86,16 @@ def test_bundled_examples_are_valid() -> None:
              for mode, name in [("math", "math"), ("py", "py"), ("rag", "rag"), ("web", "web"),
                                 ("osworld", "osworld_standin")]}
     assert sizes["math"] >= 50 and sizes["py"] >= 30 and sizes["rag"] >= 10 and sizes["web"] >= 10
+
+
+def test_failures_are_counted_by_kind_and_never_scored() -> None:
+    from rollfleet.errors import failure_kind
+
+    infra = {**_record(4, None, False, "failed"), "failure": failure_kind("failed", "infrastructure: SandboxError: x")}
+    agent = {**_record(5, None, False, "failed"), "failure": failure_kind("failed", "ValueError: bad")}
+    lost = {**_record(6, None, False, "failed"), "failure": failure_kind("failed", "lease expired: no heartbeat")}
+    summary = summarize([_record(1, 1.0, True), _record(2, 0.0, False), infra, agent, lost],
+                        samples=1, wall_s=1.0, ran_now=5, completion_tokens_now=5)
+    assert summary["failures"] == {"infrastructure": 2, "agent": 1}
+    assert summary["accuracy"] == 0.5  # of the two scored rollouts; a failure is not a wrong answer
+    assert summary["reward"]["n"] == 2

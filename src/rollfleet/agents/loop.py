@@ -104,7 +104,7 @@ class Turn:
             except EngineError as exc:
                 errors.append(str(exc))
                 if attempt == self.settings.max_retries:
-                    raise AgentError(
+                    raise EngineError(  # infrastructure: the attempt is retried, never scored
                         f"turn {turn}: the engine failed {attempt + 1} times: {errors[-1]}"
                     ) from exc
                 self.usage.retries += 1

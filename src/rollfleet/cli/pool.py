@@ -75,14 +75,15 @@ def serve(
         console.print(f"[red]error:[/red] {exc.message}")
         raise typer.Exit(2) from exc
     console.print(f"serving pools {', '.join(registry.names)} on http://{host}:{port}/pools")
-    from rollfleet.web.serving import nodelay_http_protocol
+    from rollfleet.web.guard import GUARD
+    from rollfleet.web.serving import uvicorn_options
 
     uvicorn.run(
         pool_app(registry, token=token),
         host=host,
         port=port,
         log_level="warning",
-        http=nodelay_http_protocol(),
+        **uvicorn_options(GUARD),
     )
 
 

@@ -36,9 +36,11 @@ def print_summary(summary: dict[str, Any]) -> None:
     )
     for status, count in sorted(summary["counts"].items()):
         table.add_row(f"status {status}", str(count))
+    for kind, count in sorted(summary.get("failures", {}).items()):
+        table.add_row(f"failed: {kind}", str(count))
     reward = summary["reward"]
     table.add_row("reward mean ± std", f"{_fmt(reward['mean'])} ± {_fmt(reward['std'])}")
-    table.add_row("accuracy (correct)", _fmt(summary["accuracy"]))
+    table.add_row("accuracy (of scored)", _fmt(summary["accuracy"]))
     for name, value in (summary.get("pass_at_k") or {}).items():
         table.add_row(name, _fmt(value))
     table.add_row(
@@ -50,6 +52,9 @@ def print_summary(summary: dict[str, Any]) -> None:
         f"{summary['tokens']['prompt']} / {summary['tokens']['completion']}",
     )
     table.add_row("completion tokens/s", _fmt(summary["tokens_per_s"], ".1f"))
+    startup = summary.get("startup_s") or {}
+    if "first_token" in startup:
+        table.add_row("start-up: first token after (s)", _fmt(startup["first_token"], ".2f"))
     console.print(table)
 
 
@@ -111,6 +116,14 @@ def run_command(
         help="each runner process loads its own llama.cpp model (the seed's "
         "design, no shared batching; for comparisons)",
     ),
+    engine_threads: int = typer.Option(
+        None, "--engine-threads", help="llama.cpp threads (default: measured for this machine)"
+    ),
+    unsafe_sandbox: bool = typer.Option(
+        False,
+        "--unsafe-sandbox",
+        help="py: run model-written code without bubblewrap (rlimits only; for code you trust)",
+    ),
     verbose: bool = typer.Option(False, "--verbose", help="log every lifecycle event"),
 ) -> None:
     """Run every task of --data in --mode with N parallel rollouts; resumable; writes OUTPUT/."""
@@ -147,6 +160,8 @@ def run_command(
         token=token,
         desktop=desktop,
         engine_per_runner=engine_per_runner,
+        unsafe_sandbox=unsafe_sandbox,
+        engine_threads=engine_threads,
     )
     try:
         summary = asyncio.run(run(opts, console))

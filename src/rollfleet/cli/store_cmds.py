@@ -55,7 +55,8 @@ def serve(
 
     from rollfleet.compose import EngineOptions, control_plane
     from rollfleet.store import open_sql_store
-    from rollfleet.web.serving import check_bind, nodelay_http_protocol
+    from rollfleet.web.guard import GUARD
+    from rollfleet.web.serving import check_bind, uvicorn_options
 
     token = token_of(token)
     check_bind(host, token)
@@ -87,7 +88,7 @@ def serve(
         log_level="info",
         access_log=False,
         timeout_graceful_shutdown=3,
-        http=nodelay_http_protocol(),
+        **uvicorn_options(GUARD),
     )
 
 

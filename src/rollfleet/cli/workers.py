@@ -18,6 +18,8 @@ from rollfleet.runner.agent import load_agent
 from rollfleet.runner.fleet import BACKENDS, FleetOptions, make_fleet
 from rollfleet.server.embedded import ServerThread
 
+STATS_TIMEOUT_S = 2.0  # the live summary's statistics call; a slow store only skips an update
+
 
 def workers(
     n: int = typer.Option(4, "-n", "--num-workers", min=1, help="number of runner processes"),
@@ -37,7 +39,12 @@ def workers(
     store: str = StoreOpt,
     token: str = TokenOpt,
 ) -> None:
-    """Run N runners until interrupted; a runner that crashes is restarted with backoff."""
+    """Run N runners until interrupted; a runner that crashes is restarted with backoff.
+
+    SIGINT/SIGTERM: running rollouts get ``--grace`` seconds, then what still runs is released and
+    a runner that has not exited a few seconds later is killed; a second signal releases at once,
+    a third kills.
+    """
     load_agent(agent)  # a broken agent is one clear error now, not a stream of failed rollouts
     if backend not in BACKENDS:
         raise typer.BadParameter("--backend must be local or ray")
@@ -78,10 +85,12 @@ async def _run(options: FleetOptions) -> None:
     def on_signal() -> None:
         signals["n"] += 1
         console.print(
-            "[yellow]stopping: running rollouts finish, the rest go back to the queue "
-            "(again to stop at once)[/]"
+            f"[yellow]stopping: running rollouts get {options.grace_s:g}s to finish, the rest go "
+            "back to the queue (again to stop at once)[/]"
             if signals["n"] == 1
-            else "[red]stopping now[/]"
+            else "[red]stopping now: running rollouts go back to the queue (again to kill)[/]"
+            if signals["n"] == 2
+            else "[red]killing the runners[/]"
         )
         fleet.stop()
 
@@ -93,11 +102,14 @@ async def _run(options: FleetOptions) -> None:
     try:
         with Live(console=console, refresh_per_second=4, transient=True) as live:
             while not task.done():
-                with contextlib.suppress(Exception):
-                    live.update(summary_line(await store.statistics(), started))
+                with contextlib.suppress(Exception):  # the summary is bounded: shutdown never waits
+                    stats = await asyncio.wait_for(store.statistics(), STATS_TIMEOUT_S)
+                    live.update(summary_line(stats, started))
                 await asyncio.wait([task], timeout=0.5)
         await task
-        console.print(summary_line(await store.statistics(), started))
+        with contextlib.suppress(Exception):
+            stats = await asyncio.wait_for(store.statistics(), STATS_TIMEOUT_S)
+            console.print(summary_line(stats, started))
     finally:
         await store.close()
     if fleet.agent_error:

@@ -9,14 +9,22 @@ store in one hop. Blocking, ``maxsize`` back-pressure and timeouts are decided i
 a
 timed-out put never lands later and a timed-out get never eats an item. The ``*_async`` methods
 and ``async_op=True`` use Ray actor calls (awaitable without a thread).
+
+A consumer that dies while its get waits takes nothing: a lane get ends with its connection, and
+a Ray-call get names this process's presence connection to the actor (opened once per channel
+and process, and kept open), whose closing ends it. References popped for a consumer that dies
+before claiming them go back to the front of their queue.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
 import logging
 import pickle
+import socket
+import threading
 import time
 import uuid
 from collections import deque
@@ -28,7 +36,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rollfleet.cluster import channel_actor as ca
 from rollfleet.cluster.cluster import NAMESPACE
-from rollfleet.cluster.lane import LaneAddress, out_of_band, shared_lane
+from rollfleet.cluster.lane import LaneAddress, encode, frame, out_of_band, shared_lane
 from rollfleet.cluster.waiting import Work, caller_name, get_all, get_all_async
 from rollfleet.errors import ChannelEmpty, ChannelFull, ClusterError, ClusterTimeout, InvalidInput
 
@@ -41,6 +49,51 @@ _GRACE = 30.0  # how much longer than the actor's own deadline the client waits 
 
 _created: dict[str, Channel] = {}  # channels this process created: alive as long as it is
 _RemoteChannel: Any = ray.remote(num_cpus=0, max_concurrency=100_000)(ca.ChannelActor)  # type: ignore[call-overload]
+
+
+_presences: dict[LaneAddress, tuple[str, socket.socket]] = {}
+_presences_lock = threading.Lock()
+
+
+def _presence(address: LaneAddress) -> str | None:
+    """This process's presence id at a channel actor: a lane connection that only stays open,
+    so that the actor ends this process's waiting Ray-call gets when it dies (None: the actor
+    cannot be reached that way; gets then work as before, without that guard)."""
+    with _presences_lock:
+        held = _presences.get(address)
+        if held is not None:
+            return held[0]
+        host, port, token = address
+        presence = uuid.uuid4().hex
+        try:
+            sock = socket.create_connection((host, port), timeout=30)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            sock.sendall(frame(token))
+            for piece in encode(("presence", (presence,))):
+                sock.sendall(piece)
+        except OSError as exc:
+            log.warning("channel at %s:%s: no presence connection (%s)", host, port, exc)
+            return None
+        _presences[address] = (presence, sock)  # open until this process exits
+        return presence
+
+
+@atexit.register
+def _close_presences() -> None:
+    """Close this process's presence connections (its exit would; this says it first)."""
+    with _presences_lock:
+        for _, sock in _presences.values():
+            sock.close()
+        _presences.clear()
+
+
+def _drop_presence(address: LaneAddress, presence: str | None) -> None:
+    """Forget a presence the actor saw close (the next get opens a new one)."""
+    with _presences_lock:
+        held = _presences.get(address)
+        if held is not None and held[0] == presence:
+            del _presences[address]
+            held[1].close()
 
 
 def _actor_name(name: str) -> str:
@@ -213,6 +266,22 @@ class Channel:
             raise ChannelFull(f"{self._what(op, key)}: channel full ({self._maxsize} items)")
         if status == ca.EMPTY:
             raise ChannelEmpty(f"{self._what(op, key)}: no item")
+        if status == ca.GONE:
+            _drop_presence(self._lane_address, self._presence_id)
+            raise ClusterError(
+                f"{self._what(op, key)}: the channel saw this process's presence connection close "
+                "and took nothing for it; retry"
+            )
+
+    @property
+    def _presence_id(self) -> str | None:
+        held = _presences.get(self._lane_address)
+        return None if held is None else held[0]
+
+    def _get_rpc(self, key: Any, n: int | None, target: float | None, timeout: float | None) -> Any:
+        """A get by Ray call, ended by the actor if this process dies while it waits."""
+        presence = self._presence_id or _presence(self._lane_address)
+        return self._actor.get_batch.remote(key, n, target, False, timeout, presence)
 
     # -- put -----------------------------------------------------------------------------------
     def _put(
@@ -320,7 +389,10 @@ class Channel:
         tickets = [p[1] for p in payloads if p[0] == "t"]
         if not tickets:
             return _decode_all(payloads, [])
-        claimed = iter(self._rpc(self._actor.claim.remote(tickets), op, key, None))
+        answer = self._rpc(self._actor.claim.remote(tickets), op, key, None)
+        if answer is None:  # this thread's lane connection closed before the claim: given back
+            raise ClusterError(f"{self._what(op, key)}: the items were given back to the channel")
+        claimed = iter(answer)
         payloads = [next(claimed) if p[0] == "t" else p for p in payloads]
         return _decode_all(payloads, self._fetch(payloads))
 
@@ -329,7 +401,7 @@ class Channel:
     ) -> Any:
         """Remove and return the oldest item under ``key``, waiting up to ``timeout`` for one."""
         if async_op:
-            ref = self._actor.get_batch.remote(key, 1, None, False, timeout)
+            ref = self._get_rpc(key, 1, None, timeout)
             return Work(
                 [ref],
                 self._where,
@@ -356,7 +428,7 @@ class Channel:
         if (n is None) == (target_weight is None) or (n is not None and n < 1):
             raise InvalidInput("get_batch needs exactly one of n >= 1 or target_weight")
         if async_op:
-            ref = self._actor.get_batch.remote(key, n, target_weight, False, timeout)
+            ref = self._get_rpc(key, n, target_weight, timeout)
             return Work(
                 [ref],
                 self._where,
@@ -378,7 +450,8 @@ class Channel:
         timeout: float | None = None,
     ) -> list[Any]:
         """Awaitable get_batch."""
-        ref = self._actor.get_batch.remote(key, n, target_weight, False, timeout)
+        presence = self._presence_id or await asyncio.to_thread(_presence, self._lane_address)
+        ref = self._actor.get_batch.remote(key, n, target_weight, False, timeout, presence)
         status, payloads = (
             await get_all_async([ref], self._where, self._what("get", key), _grace(timeout))
         )[0]
@@ -426,6 +499,7 @@ class Channel:
     def destroy(self) -> None:
         """Kill the channel's actor (queued items are dropped)."""
         self._lane.close()
+        _drop_presence(self._lane_address, self._presence_id)
         _created.pop(self.name, None)
         ray.kill(self._actor, no_restart=True)
         log.info("channel %s destroyed", self.name)

@@ -97,6 +97,7 @@ async def rollout_metrics(
     out = m.reward_stats(r.result.reward for r in done if r.result is not None)
     out.update(m.metric_aggregates(r.result.metrics for r in done if r.result is not None))
     out.update(m.latency_stats((r.finished_at or r.updated_at) - r.created_at for r in done))
+    out.update(m.failure_counts((r.status.value, r.error) for r in rollouts))
     if collect_tokens:
         prompts, completions = [], []
         async for _, steps in steps_by_rollout(store, [r.rollout_id for r in done]):

@@ -13,6 +13,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
+from rollfleet.errors import failure_kind
+from rollfleet.stats import pass_at_k, percentile
+
 
 def _mean(xs: Sequence[float]) -> float:
     return sum(xs) / len(xs)
@@ -41,6 +44,16 @@ def reward_stats(rewards: Iterable[float | None]) -> dict[str, float]:
     return summary((r for r in rewards if r is not None), "reward")
 
 
+def failure_counts(failures: Iterable[tuple[str, str | None]]) -> dict[str, float]:
+    """``failures/infrastructure``, ``failures/timeout``, ``failures/agent``: the failed rollouts
+    by kind, from (status, error) pairs. Infrastructure failures are never scored as reward 0."""
+    kinds = [failure_kind(status, error) for status, error in failures]
+    return {
+        f"failures/{kind}": float(kinds.count(kind))
+        for kind in ("infrastructure", "timeout", "agent")
+    }
+
+
 def metric_aggregates(metrics: Iterable[Mapping[str, float]]) -> dict[str, float]:
     """Mean, std, max and min of every named metric over the rollouts that report it."""
     by_name: dict[str, list[float]] = {}
@@ -56,17 +69,6 @@ def metric_aggregates(metrics: Iterable[Mapping[str, float]]) -> dict[str, float
     for name in sorted(by_name):
         out.update(summary(by_name[name], f"metric/{name}"))
     return out
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-quantile (0..1) by linear interpolation; values need not be sorted."""
-    if not values:
-        raise ValueError("percentile of no values")
-    xs = sorted(values)
-    pos = q * (len(xs) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def latency_stats(durations: Iterable[float]) -> dict[str, float]:
@@ -107,16 +109,6 @@ def expected_extreme(rewards: Sequence[float], k: int, *, best: bool) -> float:
     # xs[i] (0-based, ascending for best) is the max of a k-subset in C(i, k-1) of C(n, k) subsets
     total = math.comb(n, k)
     return sum(xs[i] * math.comb(i, k - 1) for i in range(k - 1, n)) / total
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k: the chance that at least one of ``k`` of ``n`` samples (``c`` correct)
-    passes."""
-    if not 0 <= c <= n or not 1 <= k <= n:
-        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n (n={n}, c={c}, k={k})")
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 def eval_ks(n: int) -> list[int]:

@@ -15,18 +15,23 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
 
 import orjson
 from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rollfleet.engines.base import Delta, Generation, GenerationRequest, SamplingParams
 from rollfleet.engines.gateway import Gateway
 from rollfleet.errors import InvalidInput, RollfleetError
-from rollfleet.web.serving import bearer_check, nodelay_http_protocol
+from rollfleet.web.errors import ERROR_RESPONSES
+from rollfleet.web.guard import GATEWAY_GUARD, GuardConfig, RequestGuard
+from rollfleet.web.jsonbody import check_json_body
+from rollfleet.web.serving import bearer_check, uvicorn_options
 
 log = logging.getLogger("rollfleet.engines")
 ROLLOUT_HEADER, ATTEMPT_HEADER = "X-Rollfleet-Rollout", "X-Rollfleet-Attempt"
@@ -94,6 +99,50 @@ def _error(exc: RollfleetError) -> JSONResponse:
     return JSONResponse(
         {"error": {"message": exc.message, "type": kind, "code": kind}}, status_code=exc.status_code
     )
+
+
+class OpenAIErrorDetail(BaseModel):
+    """What went wrong, as OpenAI's API says it."""
+
+    message: str
+    type: str
+    code: str | None = None
+
+
+class OpenAIErrorBody(BaseModel):
+    """The gateway's error answers: OpenAI's shape, so that OpenAI clients read them."""
+
+    error: OpenAIErrorDetail
+
+
+# the gateway's own errors are OpenAI-shaped; the request guard's refusals are the API's shape
+GATEWAY_ERRORS: dict[int | str, dict[str, Any]] = {
+    **{code: ERROR_RESPONSES[code] for code in (403, 413, 415, 421)},
+    **{
+        code: {"model": OpenAIErrorBody, "description": ERROR_RESPONSES[code]["description"]}
+        for code in (400, 401, 404, 409, 422, 503)
+    },
+}
+
+
+class _OpenAIErrors(APIRoute):
+    """Answers every error of a gateway route in OpenAI's shape, wherever the router is mounted
+    (standalone, or in the control plane under ``rollfleet serve --engine``)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def answer(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except RollfleetError as exc:
+                return _error(exc)
+            except RequestValidationError as exc:
+                first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid"}
+                where = ".".join(str(p) for p in first["loc"])
+                return _error(InvalidInput(f"{where}: {first['msg']}"))
+
+        return answer
 
 
 def _token_logprobs(result: Generation | Delta, ids: Any, lps: Any) -> list[dict[str, Any]]:
@@ -233,7 +282,10 @@ def _request(raw: bytes, chat: bool) -> tuple[_Body, GenerationRequest, bool]:
 def gateway_router(gateway: Gateway, token: str | None = None) -> APIRouter:
     """An APIRouter with the gateway's endpoints (mount it in any FastAPI app)."""
 
-    router = APIRouter(dependencies=[Depends(bearer_check(token, "gateway"))], tags=["gateway"])
+    checks = [Depends(bearer_check(token, "gateway")), Depends(check_json_body)]
+    router = APIRouter(
+        dependencies=checks, tags=["gateway"], route_class=_OpenAIErrors, responses=GATEWAY_ERRORS
+    )
 
     async def run(raw: bytes, chat: bool, rollout: str | None, attempt: str | None) -> Response:
         try:
@@ -298,7 +350,11 @@ def gateway_router(gateway: Gateway, token: str | None = None) -> APIRouter:
 
 
 def gateway_app(
-    gateway: Gateway, token: str | None = None, *, close_on_shutdown: bool = True
+    gateway: Gateway,
+    token: str | None = None,
+    *,
+    close_on_shutdown: bool = True,
+    guard: GuardConfig = GATEWAY_GUARD,
 ) -> FastAPI:
     """A standalone FastAPI app serving only the gateway."""
 
@@ -324,6 +380,7 @@ def gateway_app(
     async def rollfleet_error(request: Request, exc: RollfleetError) -> JSONResponse:
         return _error(exc)
 
+    app.add_middleware(RequestGuard, config=guard)
     return app
 
 
@@ -338,8 +395,7 @@ def _server(
         host=host,
         port=port,
         log_level="warning",
-        http=nodelay_http_protocol(),
-        timeout_keep_alive=75,
+        **uvicorn_options(GATEWAY_GUARD),
         lifespan="on",
     )
     return uvicorn.Server(config)

@@ -10,6 +10,7 @@ generation ever sees half-updated weights; tensors arrive through
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import queue
 from pathlib import Path
@@ -34,6 +35,14 @@ CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+
+
+def _cache_of(model: Any, out: Any) -> dict[str, Any]:
+    """The KV cache of ``out`` as the keyword ``model`` takes it: transformers 5.2x renamed
+    ``past_key_values`` to ``cache`` (on the output too); older releases know only the old name."""
+    params = inspect.signature(model.forward).parameters
+    cache = out.cache if hasattr(out, "cache") else out.past_key_values
+    return {"cache": cache} if "cache" in params else {"past_key_values": cache}
 
 
 def tiny_hf_model(seed: int = 0, hidden: int = 64, layers: int = 2) -> tuple[Any, Any]:
@@ -167,7 +176,12 @@ class HFEngine(ThreadedEngine):
                 item()
                 continue
             batch, waiting = waiting[: self.max_concurrency], waiting[self.max_concurrency :]
-            _Batch(self, batch).run()
+            try:
+                _Batch(self, batch).run()
+            except Exception as exc:  # a model error fails its requests, never hangs them
+                log.exception("hf: batch failed")
+                for pending in batch:
+                    pending.finish(EngineError(f"hf: generation failed: {exc!r}"))
         for pending in waiting + self._drain():
             pending.finish(self.result(pending.request, "", [], [], [], FinishReason.ABORT))
 
@@ -254,8 +268,8 @@ class _Batch:
                     input_ids=torch.tensor(tokens, device=device)[:, None],
                     attention_mask=mask,
                     position_ids=position,
-                    past_key_values=out.past_key_values,
                     use_cache=True,
+                    **_cache_of(model, out),
                 )
         for row in self.rows:
             if not row.done:

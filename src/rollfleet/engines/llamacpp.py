@@ -9,6 +9,14 @@ competing for the same cores (see docs/engines.md for the measurement behind thi
 
 Abort is checked between two decode steps: an aborted request ends at once with the tokens
 it has, ``finish_reason="abort"``.
+
+Prefix cache: a finished sequence leaves its tokens in its slot's KV cache, and a new request goes
+to the free slot holding the longest prefix of its prompt; only the rest is prefilled. Agents send
+the same system prompt every time and each turn's prompt extends the last one, so most of a
+prompt is usually there already (llama-server's ``cache_prompt``). As there, the logits of a
+prompt computed partly from the cache differ from a full prefill in the last bits (other kernels
+for other batch shapes), so a near-tie can sample differently; ``prefix_cache=False`` gives
+bit-identical replays.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import ctypes
 import logging
 import os
 import queue
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,6 +68,16 @@ class _Seq:
         return self.prefilled + max(len(self.out) - 1, 0)
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 class LlamaCppModel:
     """The llama.cpp model and a multi-sequence context; used only by the scheduler thread."""
 
@@ -88,6 +107,7 @@ class LlamaCppModel:
         bos = self.model.token_get_text(self.model.token_bos())
         eos = self.model.token_get_text(self.model.token_eos())
         self.template = ChatTemplate(meta.get("tokenizer.chat_template"), bos, eos)
+        self.cached: dict[int, list[int]] = {}  # slot -> the tokens its KV cache holds
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids of ``text`` (special tokens parsed, BOS as the model wants)."""
@@ -106,6 +126,24 @@ class LlamaCppModel:
     def forget(self, slot: int) -> None:
         """Drop a sequence's KV cache."""
         self.ctx.kv_cache_seq_rm(slot, -1, -1)
+        self.cached.pop(slot, None)
+
+    def keep(self, slot: int, tokens: list[int]) -> None:
+        """Remember what a finished sequence left in its slot's KV cache."""
+        self.cached[slot] = tokens
+
+    def reuse(self, slot: int, prompt: list[int]) -> int:
+        """Keep the longest prefix of ``prompt`` that ``slot`` holds (never all of it: the last
+        prompt token must be decoded for its logits), drop the rest; the number of tokens kept."""
+        held = self.cached.pop(slot, [])
+        common = common_prefix(held, prompt[:-1])
+        if common < len(held):
+            self.ctx.kv_cache_seq_rm(slot, common, -1)
+        return common
+
+    def best_slot(self, free: list[int], prompt: list[int]) -> int:
+        """The free slot whose cache shares the longest prefix with ``prompt``."""
+        return max(free, key=lambda slot: common_prefix(self.cached.get(slot, []), prompt))
 
     def decode(self, entries: list[tuple[int, int, int, bool]]) -> None:
         """Run one batch of (token, position, slot, wants_logits) entries."""
@@ -145,14 +183,18 @@ class LlamaCppEngine(ThreadedEngine):
         ctx_per_seq: int = 2048,
         threads: int | None = None,
         n_batch: int = 512,
+        prefix_cache: bool = True,
         verbose: bool = False,
     ) -> None:
         self.path = Path(model_path) if model_path else bundled_gguf()
+        self.prefix_cache = prefix_cache
         super().__init__(self.path.stem)
         self.max_concurrency = slots
         self.ctx_per_seq, self.n_batch, self.verbose = ctx_per_seq, n_batch, verbose
         self.threads = threads or max(1, len(os.sched_getaffinity(0)))
         self.llm: LlamaCppModel | None = None
+        self.reused_tokens = 0  # prompt tokens found in the prefix cache, not prefilled again
+        self.first_token_at: float | None = None  # time.monotonic() of the first token sampled
 
     async def start(self) -> None:
         """Load the model and start the scheduler thread."""
@@ -279,9 +321,12 @@ class _Scheduler:
             except EngineError as exc:
                 pending.finish(exc)
                 continue
-            slot = self.free.pop()
+            slot = self.llm.best_slot(self.free, prompt)
+            self.free.remove(slot)
             rng = np.random.default_rng(pending.request.params.seed)
-            self.running[slot] = _Seq(pending, slot, prompt, rng)
+            kept = self.llm.reuse(slot, prompt) if self.engine.prefix_cache else 0
+            self.engine.reused_tokens += kept
+            self.running[slot] = _Seq(pending, slot, prompt, rng, prefilled=kept)
 
     def _prompt_ids(self, request: GenerationRequest) -> list[int]:
         if request.messages is not None:
@@ -328,6 +373,8 @@ class _Scheduler:
     def _advance(self, seq: _Seq, index: int) -> None:
         params = seq.pending.request.params
         token, logprob = sample(self.llm.logits(index), params, seq.rng)
+        if self.engine.first_token_at is None:
+            self.engine.first_token_at = time.monotonic()
         if self.llm.is_eog(token) and not params.ignore_eos:
             self._finish(seq, FinishReason.STOP)
             return
@@ -346,7 +393,12 @@ class _Scheduler:
 
     def _finish(self, seq: _Seq, reason: FinishReason, error: Exception | None = None) -> None:
         self.running.pop(seq.slot, None)
-        self.llm.forget(seq.slot)
+        done = error is None and reason is not FinishReason.ABORT
+        if done and self.engine.prefix_cache and seq.prefilled == len(seq.prompt):
+            # the KV cache holds the prompt and every generated token but (maybe) the last
+            self.llm.keep(seq.slot, seq.prompt + seq.out[:-1])
+        else:
+            self.llm.forget(seq.slot)
         self.free.append(seq.slot)
         if error is not None:
             seq.pending.finish(error)

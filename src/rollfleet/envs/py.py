@@ -1,10 +1,15 @@
 """``py``: write a Python function; the reward runs the task's tests in the pool's sandbox.
 
 Task: ``{"prompt": str, "entry_point": str, "tests": [str, ...]}`` where each test is a
-Python boolean expression over the function (``"add(2, 3) == 5"``). The solution is the last
-fenced code block of the final answer (or the whole answer); each test becomes one unittest
-method, run by :meth:`Sandbox.run_tests` under the sandbox's CPU, memory and time limits.
-Reward: the fraction of tests that passed. Tool: ``run_python`` (run a program, see its output).
+Python boolean expression over the function (``"add(2, 3) == 5"``). Tasks are untrusted input:
+a test expression is never evaluated outside the sandbox (here it is only compiled, to name a
+bad line early). The solution is the last fenced code block of the final answer (or the whole
+answer); :meth:`Sandbox.run_tests` scores it with the sandbox's judge, which evaluates the
+function calls in a process of their own and compares with the expected values itself, so
+the solution can neither see the expected values nor forge a pass. Write tests as
+``call == expected`` (a bare ``call`` passes on any truthy value).
+Reward: the fraction of tests that passed. A sandbox that fails raises SandboxError (an
+infrastructure failure: the attempt is retried, never scored). Tool: ``run_python``.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from rollfleet.pool.providers.sandbox import Sandbox
 
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 OBSERVATION_LIMIT = 2000
+MAX_TESTS = 100  # per task
+MAX_TEST_CHARS = 2000  # per test expression
 
 
 def extract_code(answer: str) -> str:
@@ -26,35 +33,19 @@ def extract_code(answer: str) -> str:
     return str(blocks[-1]) if blocks else answer
 
 
-def unittest_source(tests: list[str]) -> str:
-    """A unittest module with one test method per boolean expression."""
-    lines = [
-        "import unittest",
-        "from solution import *",
-        "",
-        "",
-        "class TaskTests(unittest.TestCase):",
-    ]
-    for i, expr in enumerate(tests):
-        lines += [f"    def test_{i}(self):", f"        self.assertTrue({expr})", ""]
-    lines += ["", "if __name__ == '__main__':", "    unittest.main()"]
-    return "\n".join(lines) + "\n"
-
-
 async def run_py_tests(sandbox: Sandbox, solution: str, tests: list[str]) -> Score:
     """Run ``tests`` against ``solution`` in ``sandbox``; reward = fraction passed."""
-    outcome = await sandbox.run_tests(solution, unittest_source(tests))  # the sandbox's wall_s
-    ran_all = outcome.ran == len(tests) and not outcome.result.timed_out
-    passed = max(0, outcome.ran - outcome.failed) if ran_all else 0
+    report = await sandbox.run_tests(solution, tests)
+    passed = sum(report.passed)
+    failures = [why for ok, why in zip(report.passed, report.why, strict=True) if not ok]
     return Score(
         reward=passed / len(tests),
         correct=passed == len(tests),
         details={
             "tests": len(tests),
-            "ran": outcome.ran,
             "passed": passed,
-            "timed_out": outcome.result.timed_out,
-            "stderr_tail": outcome.result.stderr[-400:],
+            "import_error": report.import_error,
+            "failures": [why[:300] for why in failures[:5]],
         },
     )
 
@@ -96,16 +87,26 @@ class PyMode:
     def check(self, task: Any, where: str) -> None:
         """``prompt``, ``entry_point`` and a list of test expressions that compile."""
         require_fields(task, where, {"prompt": str, "entry_point": str, "tests": list})
+        if len(task["tests"]) > MAX_TESTS:
+            raise InvalidInput(
+                f"{where}: field 'tests' has {len(task['tests'])} tests; at most {MAX_TESTS}"
+            )
         for i, expr in enumerate(task["tests"]):
             if not isinstance(expr, str):
                 raise InvalidInput(
                     f"{where}: field 'tests.{i}' must be str, got {type(expr).__name__}"
                 )
+            if len(expr) > MAX_TEST_CHARS:
+                raise InvalidInput(
+                    f"{where}: field 'tests.{i}' is {len(expr)} characters; at most "
+                    f"{MAX_TEST_CHARS}"
+                )
             try:
                 compile(expr, f"tests.{i}", "eval")
-            except SyntaxError as exc:
+            except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
                 raise InvalidInput(
-                    f"{where}: field 'tests.{i}' is not a Python expression: {exc.msg}"
+                    f"{where}: field 'tests.{i}' is not a Python expression: "
+                    f"{getattr(exc, 'msg', exc)}"
                 ) from None
 
     def system_prompt(self, task: dict[str, Any]) -> str:

@@ -24,9 +24,10 @@ from rollfleet.pool.providers.memory import MemoryProvider
 from rollfleet.pool.providers.sandbox import (
     RunResult,
     Sandbox,
+    SandboxError,
     SandboxLimits,
     SandboxProvider,
-    UnitTestResult,
+    TestReport,
 )
 from rollfleet.pool.remote import RemotePool, fetch_pool_stats
 from rollfleet.pool.service import pool_app, pool_router
@@ -54,7 +55,8 @@ __all__ = [
     "Sandbox",
     "SandboxLimits",
     "SandboxProvider",
-    "UnitTestResult",
+    "SandboxError",
+    "TestReport",
     "env_source",
     "fetch_pool_stats",
     "load_config",

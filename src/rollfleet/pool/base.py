@@ -119,12 +119,3 @@ class EnvSource(Protocol):
     async def close(self) -> None:
         """Release everything this source holds."""
         ...
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-quantile (0..1) of ``values`` by nearest rank; 0.0 when empty."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[rank]

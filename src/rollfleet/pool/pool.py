@@ -27,8 +27,8 @@ from rollfleet.pool.base import (
     InstanceState,
     PoolStats,
     Provider,
-    percentile,
 )
+from rollfleet.stats import percentile
 
 log = logging.getLogger("rollfleet.pool")
 
@@ -255,9 +255,9 @@ class Pool:
             acquired=self._acquired,
             timeouts=self._timeouts,
             replacements=self._replacements,
-            wait_p50_s=percentile(waits, 0.5),
-            wait_p90_s=percentile(waits, 0.9),
-            wait_p99_s=percentile(waits, 0.99),
+            wait_p50_s=percentile(waits, 0.5) if waits else 0.0,
+            wait_p90_s=percentile(waits, 0.9) if waits else 0.0,
+            wait_p99_s=percentile(waits, 0.99) if waits else 0.0,
             utilisation=busy / (elapsed * len(self._slots)) if elapsed > 0 else 0.0,
         )
 

@@ -23,7 +23,10 @@ from pydantic import Field
 from rollfleet.errors import InvalidInput, PoolError, PoolTimeout, RollfleetError
 from rollfleet.pool.base import PoolStats, Report
 from rollfleet.pool.leases import Lease, PoolRegistry
+from rollfleet.web.errors import ERROR_RESPONSES
 from rollfleet.web.errors import error_response as web_error_response
+from rollfleet.web.guard import GUARD, GuardConfig, RequestGuard
+from rollfleet.web.jsonbody import check_json_body
 from rollfleet.web.serving import bearer_check
 
 T = TypeVar("T")
@@ -92,7 +95,7 @@ def pool_router(registry: PoolRegistry) -> APIRouter:
     async def started() -> None:
         await registry.start()
 
-    router = APIRouter(tags=["pools"], dependencies=[Depends(started)])
+    router = APIRouter(tags=["pools"], dependencies=[Depends(started), Depends(check_json_body)])
 
     @router.get("", response_model=list[PoolStats])
     async def list_pools() -> list[PoolStats]:
@@ -137,7 +140,9 @@ def pool_router(registry: PoolRegistry) -> APIRouter:
     return router
 
 
-def pool_app(registry: PoolRegistry, *, token: str | None = None) -> FastAPI:
+def pool_app(
+    registry: PoolRegistry, *, token: str | None = None, guard: GuardConfig = GUARD
+) -> FastAPI:
     """A standalone app serving ``registry`` under ``/pools`` (``rollfleet pool serve``)."""
 
     @asynccontextmanager
@@ -160,5 +165,7 @@ def pool_app(registry: PoolRegistry, *, token: str | None = None) -> FastAPI:
         pool_router(registry),
         prefix="/pools",
         dependencies=[Depends(bearer_check(token, "pool service"))],
+        responses=ERROR_RESPONSES,
     )
+    app.add_middleware(RequestGuard, config=guard)
     return app

@@ -9,6 +9,9 @@
    then N runner processes (``LocalFleet``) with ``ctx.llm`` and ``ctx.env``; follow them with
    a progress bar.
 5. Write ``trajectories.jsonl`` and ``summary.json`` from what the store holds.
+
+The summary's ``startup_s`` says when each part was ready, in seconds since the command started:
+what a user waits for before the first token.
 """
 
 from __future__ import annotations
@@ -65,6 +68,8 @@ class RunOptions:
     desktop: dict[str, Any] = field(default_factory=dict)
     engine_per_runner: bool = False
     standin: bool = False
+    unsafe_sandbox: bool = False
+    engine_threads: int | None = None
 
     def check(self) -> None:
         """Refuse impossible numbers before anything starts."""
@@ -73,6 +78,8 @@ class RunOptions:
                 raise InvalidInput(
                     f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}"
                 )
+        if self.engine_threads is not None and not 1 <= self.engine_threads <= 1024:
+            raise InvalidInput(f"--engine-threads must be 1 to 1024, got {self.engine_threads}")
         if self.max_retries < 0:
             raise InvalidInput(f"--max-retries must be 0 or more, got {self.max_retries}")
         if self.engine is None and self.model is not None and not Path(self.model).is_file():
@@ -100,24 +107,60 @@ class RunOptions:
             num_instances=self.num_vms,
             desktop=self.desktop,
             standin=self.standin,
+            sandbox={"isolation": "none"} if self.unsafe_sandbox else {},
         )
 
 
-def engine_threads() -> int:
-    """llama.cpp threads: all cores but one. ggml's threads spin-wait for each other, so a
-    thread per core on a machine that also runs runners and the control plane is many times
-    slower (measured: 0.6 s → 42 s for one reply on 2 busy cores)."""
-    return max(1, len(os.sched_getaffinity(0)) - 1)
+def process_age_s() -> float:
+    """Seconds since this process started (0.0 where /proc is missing)."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+class Startup:
+    """When each part of a run was ready, in seconds since the command started."""
+
+    def __init__(self) -> None:
+        """Start the clock at the process's start."""
+        self.origin = time.monotonic() - process_age_s()
+        self.ready: dict[str, float] = {}
+
+    def mark(self, part: str, at: float | None = None) -> None:
+        """``part`` is ready now (or at the monotonic time ``at``)."""
+        self.ready[part] = round((time.monotonic() if at is None else at) - self.origin, 3)
+
+
+def engine_threads(mode: str) -> int:
+    """llama.cpp threads for the embedded engine: every core when the mode's environment costs
+    no CPU here (math, rag: the runners mostly wait on the engine), all but one when it runs
+    programs on this machine (py's sandbox, web, osworld).
+
+    ggml's threads spin-wait for each other, so a thread per core beside busy processes is many
+    times slower (0.6 s → 42 s for one reply on 2 busy cores). On an idle one, the demo (math, 4
+    runners, 2 cores) ran 30.6 s with 2 threads against 45.0 s with 1 (bench/run.py).
+    """
+    cores = len(os.sched_getaffinity(0))
+    return cores if mode in ("math", "rag") or cores == 1 else cores - 1
 
 
 def preflight(opts: RunOptions) -> None:
-    """Fail fast when the mode's environment cannot exist here (osworld without a hypervisor)."""
+    """Fail fast when the mode's environment cannot exist here (osworld without a hypervisor,
+    py without bubblewrap)."""
     if opts.mode == "osworld" and opts.store is None:
         desktop_provider(opts.env_spec()).preflight()
+    if opts.mode == "py":
+        from rollfleet.pool import SandboxLimits, SandboxProvider
+
+        SandboxProvider(SandboxLimits(**opts.env_spec().sandbox)).preflight()
 
 
 async def run(opts: RunOptions, console: Console) -> dict[str, Any]:
     """Do the whole run; returns the summary (also written to OUTPUT/summary.json)."""
+    startup = Startup()
     opts.check()
     tasks = load_tasks(opts.data, get_mode(opts.mode), opts.limit)
     preflight(opts)
@@ -130,9 +173,10 @@ async def run(opts: RunOptions, console: Console) -> dict[str, Any]:
     )
     opts.output_dir.mkdir(parents=True, exist_ok=True)
     async with _control_plane(opts) as url:
+        startup.mark("store")
         store = connect(url, token=opts.token)
         try:
-            return await _run_on(store, url, opts, specs, console)
+            return await _run_on(store, url, opts, specs, console, startup)
         finally:
             await store.close()
 
@@ -153,7 +197,7 @@ async def _control_plane(opts: RunOptions) -> AsyncIterator[str]:
 
 
 async def _run_on(
-    store: Store, url: str, opts: RunOptions, specs: list[Any], console: Console
+    store: Store, url: str, opts: RunOptions, specs: list[Any], console: Console, startup: Startup
 ) -> dict[str, Any]:
     ids = [s.rollout_id for s in specs]
     existing = await store.enqueue_many(specs)
@@ -171,7 +215,7 @@ async def _run_on(
     with RunProgress(console, len(ids), kept, f"{opts.mode} ×{opts.num_rollouts}") as progress:
         if len(kept) < len(ids):
             if opts.store is None:
-                async with _llm(opts, store, console) as llm_args:
+                async with _llm(opts, store, console, startup) as llm_args:
                     fleet = _fleet(url, opts, llm_args)
                     await _follow(
                         store, set(ids), group, {r.rollout_id for r in kept}, progress, fleet
@@ -179,11 +223,13 @@ async def _run_on(
             else:
                 await _follow(store, set(ids), group, {r.rollout_id for r in kept}, progress, None)
     wall = time.perf_counter() - started
-    return await _write(store, opts, ids, {r.rollout_id for r in kept}, wall, console)
+    return await _write(store, opts, ids, {r.rollout_id for r in kept}, wall, startup)
 
 
 @contextlib.asynccontextmanager
-async def _llm(opts: RunOptions, store: Store, console: Console) -> AsyncIterator[list[str]]:
+async def _llm(
+    opts: RunOptions, store: Store, console: Console, startup: Startup
+) -> AsyncIterator[list[str]]:
     """Runner options giving ctx.llm: a URL given, an engine per runner, or one shared engine.
 
     The shared engine's gateway records every call as an ``llm`` Step of its attempt (prompt
@@ -198,12 +244,15 @@ async def _llm(opts: RunOptions, store: Store, console: Console) -> AsyncIterato
     from rollfleet.engines.gateway_app import running_gateway
     from rollfleet.engines.llamacpp import LlamaCppEngine
 
-    engine = LlamaCppEngine(opts.model, slots=max(2, opts.num_rollouts), threads=engine_threads())
+    threads = opts.engine_threads or engine_threads(opts.mode)
+    engine = LlamaCppEngine(opts.model, slots=max(2, opts.num_rollouts), threads=threads)
     await engine.start()
+    startup.mark("engine")
     gateway = Gateway(_recorder(store))
     gateway.add_replica(engine)
     try:
         async with running_gateway(gateway) as gateway_url:
+            startup.mark("gateway")
             console.print(
                 f"engine llama.cpp {engine.path.name} ({engine.max_concurrency} slots) · "
                 f"gateway {gateway_url}/v1",
@@ -211,6 +260,8 @@ async def _llm(opts: RunOptions, store: Store, console: Console) -> AsyncIterato
             )
             yield ["--llm-url", gateway_url]
     finally:
+        if engine.first_token_at is not None:
+            startup.mark("first_token", engine.first_token_at)
         await gateway.close()
 
 
@@ -288,7 +339,7 @@ async def _steps(store: Store, rollout: Rollout) -> list[Any]:
 
 
 async def _write(
-    store: Store, opts: RunOptions, ids: list[str], kept: set[str], wall: float, console: Console
+    store: Store, opts: RunOptions, ids: list[str], kept: set[str], wall: float, startup: Startup
 ) -> dict[str, Any]:
     records = []
     for rollout_id in ids:
@@ -308,6 +359,7 @@ async def _write(
             "group_id": run_key(opts.data, opts.mode),
             "num_rollouts": opts.num_rollouts,
             "expected": len(ids),
+            "startup_s": startup.ready,
         },
     )
     write_outputs(opts.output_dir, records, summary)

@@ -3,31 +3,15 @@
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rollfleet.errors import failure_kind
 from rollfleet.model import Rollout, RolloutStatus, Step
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k for a task with ``n`` samples of which ``c`` are correct."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The ``q`` quantile (0..1) by linear interpolation; None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q
-    low, high = math.floor(pos), math.ceil(pos)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+from rollfleet.stats import pass_at_k, percentile
 
 
 def latency(rollout: Rollout) -> float | None:
@@ -71,6 +55,7 @@ def trajectory(rollout: Rollout, steps: Sequence[Step]) -> dict[str, Any]:
         },
         "attempts": rollout.num_attempts,
         "error": rollout.error,
+        "failure": failure_kind(rollout.status.value, rollout.error),
     }
 
 
@@ -83,11 +68,16 @@ def summarize(
     completion_tokens_now: int,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Counts by status, reward mean/std, pass@k, latency p50/p95, tokens/s."""
+    """Counts by status and by failure kind, reward mean/std, pass@k, latency p50/p95, tokens/s.
+
+    ``accuracy`` is over the rollouts that were scored: one that failed (above all for the
+    infrastructure's reasons, counted in ``failures``) is not a wrong answer.
+    """
     rewards = [r["reward"] for r in records if r["reward"] is not None]
     latencies = [
         r["timings"]["latency_s"] for r in records if r["timings"]["latency_s"] is not None
     ]
+    scored = [float(r["correct"]) for r in records if r["reward"] is not None]
     by_task: dict[Any, list[bool]] = defaultdict(list)
     for r in records:
         if r["status"] == RolloutStatus.SUCCEEDED.value:
@@ -100,8 +90,12 @@ def summarize(
             "std": statistics.pstdev(rewards) if rewards else None,
             "n": len(rewards),
         },
-        "accuracy": statistics.fmean([float(r["correct"]) for r in records]) if records else None,
-        "latency_s": {"p50": percentile(latencies, 0.5), "p95": percentile(latencies, 0.95)},
+        "failures": dict(Counter(r["failure"] for r in records if r.get("failure"))),
+        "accuracy": statistics.fmean(scored) if scored else None,
+        "latency_s": {
+            "p50": percentile(latencies, 0.5) if latencies else None,
+            "p95": percentile(latencies, 0.95) if latencies else None,
+        },
         "tokens": {
             "prompt": sum(r["tokens"]["prompt"] for r in records),
             "completion": sum(r["tokens"]["completion"] for r in records),

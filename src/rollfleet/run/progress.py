@@ -19,6 +19,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from rollfleet.errors import failure_kind
 from rollfleet.model import Rollout, RolloutStatus
 
 
@@ -30,6 +31,7 @@ class RunProgress:
         self.console, self.total, self.label = console, total, label
         self.rewards: list[float] = []
         self.failed = 0
+        self.infrastructure = 0
         self.done = 0
         self._progress = Progress(
             SpinnerColumn(),
@@ -60,13 +62,16 @@ class RunProgress:
         self.done += 1
         if rollout.status is not RolloutStatus.SUCCEEDED:
             self.failed += 1
+            if failure_kind(rollout.status.value, rollout.error) == "infrastructure":
+                self.infrastructure += 1
         elif rollout.result is not None and rollout.result.reward is not None:
             self.rewards.append(rollout.result.reward)
 
     def stats(self) -> str:
         """``mean reward 0.250 · failed 1``: the running mean over the rollouts finished so far."""
         mean = sum(self.rewards) / len(self.rewards) if self.rewards else 0.0
-        return f"mean reward {mean:.3f} · failed {self.failed}"
+        infra = f" ({self.infrastructure} infrastructure)" if self.infrastructure else ""
+        return f"mean reward {mean:.3f} · failed {self.failed}{infra}"
 
     def _refresh(self) -> None:
         self._progress.update(self._task, completed=self.done, stats=self.stats())

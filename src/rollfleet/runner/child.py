@@ -1,7 +1,14 @@
 """One runner process: ``python -m rollfleet.runner.child --store URL --agent REF …``.
 
 Prints one JSON line per lifecycle event on stdout (the launcher turns them into output);
-SIGTERM/SIGINT drains, a second signal releases everything at once.
+SIGTERM/SIGINT drains, a second signal releases everything at once (``--supervised``: SIGINT is
+left to the supervisor, which turns it into SIGTERM).
+
+Events travel on a private copy of the original stdout, written by a thread of their own: the
+event loop never blocks on a full pipe (a supervisor that stops reading costs events, counted on
+stderr, never the runner's leases), and a line is at most ``MAX_EVENT_BYTES`` (long strings in an
+event are trimmed). File descriptor 1 itself is pointed at stderr, so what an agent prints can
+never corrupt an event line.
 
 Optional: ``--llm-url`` gives every rollout ``ctx.llm`` (an OpenAI client tagged with its
 rollout and attempt); ``--own-engine`` instead starts a private llama.cpp engine in this
@@ -17,8 +24,10 @@ import asyncio
 import contextlib
 import json
 import os
+import queue
 import signal
 import sys
+import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -27,11 +36,99 @@ from rollfleet.errors import AgentError, RollfleetError
 from rollfleet.model import Rollout
 from rollfleet.runner.runner import Runner
 
+MAX_EVENT_BYTES = 8 * 1024  # one event line at most (the supervisor skips longer ones anyway)
+MAX_FIELD_CHARS = 512  # a string longer than this in an over-long event is cut to this
+QUEUED_EVENTS = 10_000  # events waiting for the pipe; more are dropped and counted
+
+
+def encode_event(event: dict[str, Any], limit: int = MAX_EVENT_BYTES) -> bytes:
+    """One event as a JSON line of at most ``limit`` bytes: long strings are trimmed first, and
+    if that is not enough, only the event's name and ids are kept (``"trimmed": true``)."""
+    line = json.dumps(event, default=str).encode() + b"\n"
+    if len(line) <= limit:
+        return line
+    short = {k: _trim(v) for k, v in event.items()}
+    short["trimmed"] = True
+    line = json.dumps(short, default=str).encode() + b"\n"
+    if len(line) <= limit:
+        return line
+    ids = {k: _trim(event[k], 200) for k in ("event", "worker_id", "rollout_id") if k in event}
+    return json.dumps({**ids, "trimmed": True}, default=str).encode() + b"\n"
+
+
+def _trim(value: Any, limit: int = MAX_FIELD_CHARS) -> Any:
+    if not isinstance(value, (str, int, float, bool, type(None))):
+        value = str(value)
+    if isinstance(value, str) and len(value) > limit:
+        return value[:limit] + "…"
+    return value
+
+
+class EventPipe:
+    """Event lines written to a file descriptor by a daemon thread, never by the event loop."""
+
+    def __init__(self, fd: int, capacity: int = QUEUED_EVENTS) -> None:
+        self.fd = fd
+        self.dropped = 0
+        self._queue: queue.Queue[bytes] = queue.Queue(capacity)
+        self._thread = threading.Thread(target=self._write, daemon=True, name="rollfleet-events")
+        self._thread.start()
+
+    def put(self, event: dict[str, Any]) -> None:
+        """Queue one event; a full queue (nobody reads the pipe) drops it and counts the drop."""
+        try:
+            self._queue.put_nowait(encode_event(event))
+        except queue.Full:
+            self.dropped += 1
+            if self.dropped in (1, 10, 100) or self.dropped % 1000 == 0:
+                sys.stderr.write(f"rollfleet runner: {self.dropped} events dropped (pipe full)\n")
+
+    def flush(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the queued events to be written."""
+        done = threading.Event()
+
+        def joined() -> None:
+            self._queue.join()
+            done.set()
+
+        threading.Thread(target=joined, daemon=True).start()
+        return done.wait(timeout)
+
+    def _write(self) -> None:
+        while True:
+            line = self._queue.get()
+            try:
+                view = memoryview(line)
+                while view:
+                    view = view[os.write(self.fd, view) :]
+            except OSError:
+                pass  # the reader is gone: the event is lost, the runner goes on
+            finally:
+                self._queue.task_done()
+
+
+_pipe: EventPipe | None = None
+
+
+def take_stdout_for_events() -> EventPipe:
+    """Move the event channel to a private copy of stdout, and point fd 1 (prints) at stderr."""
+    global _pipe
+    if _pipe is None:
+        sys.stdout.flush()
+        fd = os.dup(1)  # not inherited by anything this runner starts (PEP 446)
+        os.dup2(2, 1)
+        _pipe = EventPipe(fd)
+    return _pipe
+
 
 def emit(event: str, **fields: Any) -> None:
-    """Write one event as a JSON line for the launcher."""
-    sys.stdout.write(json.dumps({"event": event, **fields}, default=str) + "\n")
-    sys.stdout.flush()
+    """Send one event (a JSON line of bounded size) to the launcher without blocking."""
+    record = {"event": event, **fields}
+    if _pipe is not None:
+        _pipe.put(record)
+    else:
+        sys.stdout.buffer.write(encode_event(record))
+        sys.stdout.flush()
 
 
 def llm_factory(url: str, token: str | None = None) -> Callable[[Rollout], Any]:
@@ -95,8 +192,11 @@ async def _serve(args: argparse.Namespace, llm_url: str | None) -> int:
         await store.close()
         return 3
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, runner.stop)
+    loop.add_signal_handler(signal.SIGTERM, runner.stop)
+    # supervised: a terminal's Ctrl-C reaches the whole process group, and the supervisor turns
+    # it into SIGTERM; acting on it too would make one Ctrl-C a second signal (release at once).
+    # A handler, not SIG_IGN: what this runner starts gets the default disposition back at exec.
+    loop.add_signal_handler(signal.SIGINT, (lambda: None) if args.supervised else runner.stop)
     watcher = (
         asyncio.create_task(_watch_parent(os.getppid(), runner)) if args.exit_with_parent else None
     )
@@ -146,7 +246,16 @@ def main() -> None:
     )
     parser.add_argument("--env-spec", default=None, help="JSON EnvSpec for ctx.env")
     parser.add_argument("--exit-with-parent", action="store_true")
-    raise SystemExit(asyncio.run(main_async(parser.parse_args())))
+    parser.add_argument(
+        "--supervised", action="store_true", help="SIGINT is left to the supervisor"
+    )
+    args = parser.parse_args()
+    pipe = take_stdout_for_events()
+    try:
+        code = asyncio.run(main_async(args))
+    finally:
+        pipe.flush(2.0)  # the last events (worker_stopped) if the launcher still reads
+    raise SystemExit(code)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,18 @@
-"""``LocalFleet``: N runner processes on this machine, supervised and restarted with backoff."""
+"""``LocalFleet``: N runner processes on this machine, supervised and restarted with backoff.
+
+Each child writes its events as JSON lines on a pipe of its own. The reader takes any bytes: a
+line over ``MAX_LINE_BYTES``, one that is not JSON or not an event, or an ``on_event`` that
+raises is skipped and logged, never the end of the reader. A child's exit is noticed whether or
+not its pipe is drained or still held open.
+
+Stopping: ``stop()`` sends every child SIGTERM (it drains: running rollouts get ``grace_s``), and
+a child still running ``grace_s + RELEASE_S`` later is killed. A second ``stop()`` sends SIGTERM
+again (children release everything at once) and kills ``RELEASE_S`` later; a third kills now.
+Children run with ``--supervised`` (they leave SIGINT to the supervisor: a terminal's Ctrl-C
+reaches the whole process group, and the supervisor decides what they get) and with
+``--exit-with-parent`` (they stop if the supervisor dies). They stay in the supervisor's process
+group, so signalling that group still reaches every one of them.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +31,9 @@ from typing import Any
 log = logging.getLogger("rollfleet.runner")
 EventFn = Callable[[dict[str, Any]], None]
 MAX_BACKOFF_S = 30.0
+MAX_LINE_BYTES = 1 << 20  # an event line longer than this is skipped (children cap theirs at 8 KiB)
+RELEASE_S = 5.0  # after the grace period, a child gets this long to release what still runs
+DRAIN_S = 2.0  # after a child exits, its remaining events are read for this long at most
 
 
 @dataclass
@@ -25,6 +42,56 @@ class _Child:
     proc: asyncio.subprocess.Process | None = None
     restarts: int = 0
     started_at: float = 0.0
+    events: asyncio.ReadTransport | None = None
+    reader: EventLines | None = None
+
+
+class EventLines(asyncio.Protocol):
+    """Splits a pipe into lines; a line over ``limit`` bytes is dropped whole, never buffered."""
+
+    def __init__(
+        self,
+        on_line: Callable[[bytes], None],
+        on_overlong: Callable[[int], None],
+        limit: int = MAX_LINE_BYTES,
+    ) -> None:
+        self.on_line, self.on_overlong, self.limit = on_line, on_overlong, limit
+        self.closed = asyncio.Event()
+        self._buffer = bytearray()
+        self._skipped = -1  # bytes of an over-long line dropped so far; -1 when not inside one
+
+    def data_received(self, data: bytes) -> None:
+        """Hand every complete line to ``on_line``; keep (or drop) the unfinished rest."""
+        start = 0
+        while (end := data.find(b"\n", start)) >= 0:
+            if self._skipped >= 0:
+                self.on_overlong(self._skipped + end - start)
+                self._skipped = -1
+            else:
+                self._buffer += data[start:end]
+                line = bytes(self._buffer)
+                self._buffer.clear()
+                self.on_line(line)
+            start = end + 1
+        if self._skipped >= 0:
+            self._skipped += len(data) - start
+        else:
+            self._buffer += data[start:]
+            if len(self._buffer) > self.limit:
+                self._skipped = len(self._buffer)
+                self._buffer.clear()
+
+    def eof_received(self) -> bool | None:
+        """An unterminated last line still counts (the child died mid-write: it will not parse)."""
+        if self._buffer:
+            line = bytes(self._buffer)
+            self._buffer.clear()
+            self.on_line(line)
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """The pipe is closed: every event has been read."""
+        self.closed.set()
 
 
 class LocalFleet:
@@ -54,6 +121,9 @@ class LocalFleet:
         self.on_event = on_event or (lambda e: None)
         self.children = [_Child(f"{prefix}-{i}") for i in range(n)]
         self._stopping = asyncio.Event()
+        self._changed = asyncio.Event()  # set (and replaced) by every stop()
+        self._stops = 0
+        self._kill_at = float("inf")
         self.agent_error: str | None = None
 
     def _argv(self, child: _Child) -> list[str]:
@@ -72,7 +142,10 @@ class LocalFleet:
             "--grace-s",
             str(self.grace_s),
         ]
-        return argv + self.extra_args
+        extra = [*self.extra_args, "--supervised"]
+        if "--exit-with-parent" not in extra:
+            extra.append("--exit-with-parent")
+        return argv + extra
 
     def _env(self) -> dict[str, str]:
         """The children's environment: the token travels here, never on a command line (which
@@ -83,31 +156,74 @@ class LocalFleet:
         return env
 
     async def _spawn(self, child: _Child) -> None:
-        child.proc = await asyncio.create_subprocess_exec(
-            *self._argv(child),
-            stdout=asyncio.subprocess.PIPE,
-            env=self._env(),
-        )
+        """Start the child with its stdout on a pipe read here, not one asyncio's process owns:
+        the process's exit is then known at once, even while something still holds the pipe."""
+        loop = asyncio.get_running_loop()
+        read_fd, write_fd = os.pipe()
+        try:
+            child.proc = await asyncio.create_subprocess_exec(
+                *self._argv(child),
+                stdout=write_fd,
+                env=self._env(),
+            )
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
         child.started_at = time.monotonic()
+        reader = EventLines(
+            lambda line: self._line(child, line),
+            lambda size: log.warning(
+                "%s: skipped an event line of %d bytes (over %d)",
+                child.worker_id,
+                size,
+                MAX_LINE_BYTES,
+            ),
+        )
+        transport, _ = await loop.connect_read_pipe(lambda: reader, os.fdopen(read_fd, "rb", 0))
+        child.events, child.reader = transport, reader
 
-    async def _pump(self, child: _Child) -> None:
-        assert child.proc is not None and child.proc.stdout is not None
-        async for raw in child.proc.stdout:
-            try:
-                event = json.loads(raw)
-            except ValueError:
-                continue
-            if event.get("event") == "agent_error":
-                self.agent_error = event.get("error")
-                self._stopping.set()
+    def _line(self, child: _Child, raw: bytes) -> None:
+        """Handle one line from a child: a malformed one is logged, never raised."""
+        try:
+            event = json.loads(raw)
+        except ValueError:
+            log.warning("%s: skipped a line that is not JSON: %r", child.worker_id, raw[:120])
+            return
+        if not isinstance(event, dict) or not isinstance(event.get("event"), str):
+            log.warning("%s: skipped a line that is not an event: %r", child.worker_id, raw[:120])
+            return
+        if event["event"] == "agent_error":
+            self.agent_error = str(event.get("error"))
+            self.stop()
+        try:
             self.on_event(event)
+        except Exception:
+            log.exception("%s: on_event failed for %s", child.worker_id, event["event"])
+
+    async def _close_events(self, child: _Child) -> None:
+        """Read what the exited child left in its pipe, briefly, then close the pipe."""
+        if child.reader is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(child.reader.closed.wait(), DRAIN_S)
+        if child.events is not None:
+            child.events.close()
+        child.events = child.reader = None
 
     async def _supervise(self, child: _Child) -> None:
         while not self._stopping.is_set():
-            await self._spawn(child)
-            await self._pump(child)
-            assert child.proc is not None
-            code = await child.proc.wait()
+            code: int | None = None
+            try:
+                await self._spawn(child)
+            except OSError as exc:  # cannot start a process now: retried like a crash
+                log.warning("%s: could not start: %s", child.worker_id, exc)
+                child.started_at = time.monotonic()
+            else:
+                try:
+                    code = await self._until_exit(child)
+                finally:
+                    await self._close_events(child)
             if self._stopping.is_set():
                 break
             healthy = time.monotonic() - child.started_at > 60
@@ -124,31 +240,68 @@ class LocalFleet:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), delay)
 
+    async def _until_exit(self, child: _Child) -> int:
+        """Wait for the child to exit; once stopping, signal it and kill it at the deadline."""
+        assert child.proc is not None
+        proc = child.proc
+        exited = asyncio.ensure_future(proc.wait())
+        try:
+            signalled = 0
+            while not exited.done():
+                if not self._stopping.is_set():
+                    stopping = asyncio.ensure_future(self._stopping.wait())
+                    await asyncio.wait([exited, stopping], return_when=asyncio.FIRST_COMPLETED)
+                    stopping.cancel()
+                    continue
+                while signalled < min(self._stops, 2):
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.send_signal(signal.SIGTERM)
+                    signalled += 1
+                left = self._kill_at - time.monotonic()
+                if self._stops >= 3 or left <= 0:
+                    log.warning("%s: did not stop in time; killing it", child.worker_id)
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.kill()
+                    break
+                changed = asyncio.ensure_future(self._changed.wait())
+                await asyncio.wait([exited, changed], timeout=left, return_when="FIRST_COMPLETED")
+                changed.cancel()
+            return await exited
+        finally:
+            exited.cancel()
+
     async def run(self) -> None:
         """Run every child until ``stop()``; returns after they have all exited."""
         tasks = [asyncio.create_task(self._supervise(c)) for c in self.children]
-        await self._stopping.wait()
-        await self._terminate()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _terminate(self) -> None:
-        live = [c.proc for c in self.children if c.proc is not None and c.proc.returncode is None]
-        for proc in live:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-        waits = [asyncio.create_task(p.wait()) for p in live]
-        if waits:
-            _, pending = await asyncio.wait(waits, timeout=self.grace_s + 10)
-            for proc in live:
-                if proc.returncode is None:
+        try:
+            try:
+                await asyncio.wait(tasks)  # unlike gather, a cancel here leaves them running
+            except asyncio.CancelledError:  # run() cancelled (asyncio.run's Ctrl-C): stop as
+                self.stop()  # if stop() had been called; the supervisors bound it (grace + 5 s)
+                await asyncio.wait(tasks)
+                raise
+            for task in tasks:
+                task.result()  # a supervisor that failed
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for child in self.children:  # only if cancelled twice, or a supervisor failed
+                if child.proc is not None and child.proc.returncode is None:
                     with contextlib.suppress(ProcessLookupError):
-                        proc.kill()
-            if pending:
-                await asyncio.wait(pending)
+                        child.proc.kill()
 
     def stop(self) -> None:
-        """Ask every runner to drain and exit."""
+        """Ask every runner to drain and exit; again to release at once; a third time, kill."""
+        self._stops += 1
+        now = time.monotonic()
+        if self._stops == 1:
+            self._kill_at = now + self.grace_s + RELEASE_S
+        else:
+            self._kill_at = min(self._kill_at, now + RELEASE_S)
         self._stopping.set()
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
     def pids(self) -> dict[str, int]:
         """The live children's process ids by worker id (chaos tests kill these)."""

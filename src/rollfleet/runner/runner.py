@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import reprlib
 import socket
 import time
 import traceback
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollfleet.aio import TaskSet
-from rollfleet.errors import Conflict, NotFound, RollfleetError
+from rollfleet.errors import Conflict, NotFound, RollfleetError, describe_failure
 from rollfleet.model import (
     AttemptStatus,
     Completion,
@@ -41,6 +42,7 @@ from rollfleet.web.errors import error_named
 log = logging.getLogger("rollfleet.runner")
 RECORD_S = 30.0  # shutdown waits this long for the ends of attempts to be recorded,
 CUT_OFF_S = 5.0  # then cancels what is left and waits this long for it to end
+INPUT_PREVIEW_CHARS = 200  # events carry this much of a rollout's input, never all of it
 EventFn = Callable[..., None]
 Hook = Callable[[Rollout], Any]
 Outcome = tuple[AttemptStatus, RolloutResult | None, str | None] | None  # None: not recorded
@@ -224,7 +226,7 @@ class Runner:
                 "rollout_started",
                 worker_id=self.worker_id,
                 rollout_id=rollout.rollout_id,
-                input=rollout.input,
+                input=input_preview(rollout.input),
             )
 
     async def _latest_resources(self) -> Resources | None:
@@ -429,6 +431,21 @@ class Runner:
             self._cancel(live, release=True)
 
 
+def input_preview(value: Any, limit: int = INPUT_PREVIEW_CHARS) -> str:
+    """The start of a rollout's input as text, for events: never the whole of a large input."""
+    text = value[: limit + 1] if isinstance(value, str) else reprlib_repr(value, limit)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def reprlib_repr(value: Any, limit: int) -> str:
+    """``repr`` that stops building strings and containers early (a 200 KiB input costs little)."""
+    r = reprlib.Repr()
+    r.maxstring = r.maxother = r.maxlong = limit
+    r.maxdict = r.maxlist = r.maxtuple = r.maxset = 20
+    r.maxlevel = 4
+    return r.repr(value)
+
+
 def _describe(exc: BaseException) -> str:
     tail = "".join(traceback.format_exception(exc)[-3:]).strip()
-    return f"{type(exc).__name__}: {exc}\n{tail}"[:4000]
+    return describe_failure(exc, f"{type(exc).__name__}: {exc}\n{tail}"[:4000])

@@ -20,7 +20,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from rollfleet.errors import RollfleetError
 from rollfleet.server.routes import LeanRoutes, describe, hot_routes, store_router
 from rollfleet.store.base import Store
-from rollfleet.web.errors import error_body, error_response
+from rollfleet.web.errors import ERROR_RESPONSES, error_body, error_response
+from rollfleet.web.guard import GUARD, GuardConfig, RequestGuard
+from rollfleet.web.jsonbody import check_json_body
 from rollfleet.web.serving import bearer_check
 
 log = logging.getLogger("rollfleet.server")
@@ -36,6 +38,7 @@ def create_app(
     reaper_interval_s: float | None = 1.0,
     on_startup: Sequence[Hook] = (),
     on_shutdown: Sequence[Hook] = (),
+    guard: GuardConfig = GUARD,
 ) -> FastAPI:
     """Build the control plane app over ``store``; extra routers mount under their prefixes."""
 
@@ -60,7 +63,7 @@ def create_app(
     )
     app.state.store = store
     check = bearer_check(token)
-    auth = [Depends(check)]
+    auth = [Depends(check), Depends(check_json_body)]
 
     @app.exception_handler(RollfleetError)
     async def rollfleet_error(_: Request, exc: RollfleetError) -> JSONResponse:
@@ -81,8 +84,9 @@ def create_app(
         return {"status": "ok"}
 
     hot = hot_routes(store)
-    app.include_router(store_router(store, hot), dependencies=auth)
+    app.include_router(store_router(store, hot), dependencies=auth, responses=ERROR_RESPONSES)
     app.add_middleware(LeanRoutes, routes=hot, check=check)
+    app.add_middleware(RequestGuard, config=guard)  # added last: outermost, ahead of LeanRoutes
     for prefix, router in routers:
-        app.include_router(router, prefix=prefix, dependencies=auth)
+        app.include_router(router, prefix=prefix, dependencies=auth, responses=ERROR_RESPONSES)
     return app

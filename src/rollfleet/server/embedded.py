@@ -13,7 +13,8 @@ from rollfleet.errors import StoreUnavailable
 from rollfleet.server.app import create_app
 from rollfleet.server.parts import PartsFactory, dashboard_only
 from rollfleet.store import open_sql_store
-from rollfleet.web.serving import check_bind, free_port, nodelay_http_protocol
+from rollfleet.web.guard import GUARD, GuardConfig
+from rollfleet.web.serving import check_bind, free_port, uvicorn_options
 
 log = logging.getLogger("rollfleet.server")
 
@@ -31,6 +32,7 @@ class ServerThread:
         parts: PartsFactory = dashboard_only,
         log_level: str = "warning",
         clock: Callable[[], float] | None = None,
+        guard: GuardConfig = GUARD,
     ) -> None:
         check_bind(host, token)
         self.host = host
@@ -41,6 +43,7 @@ class ServerThread:
         self._parts = parts
         self._log_level = log_level
         self._clock = clock
+        self._guard = guard
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -70,6 +73,7 @@ class ServerThread:
             routers=parts.routers,
             on_startup=parts.on_startup,
             on_shutdown=parts.on_shutdown,
+            guard=self._guard,
         )
         config = uvicorn.Config(
             app,
@@ -79,7 +83,7 @@ class ServerThread:
             access_log=False,
             lifespan="on",
             timeout_graceful_shutdown=3,
-            http=nodelay_http_protocol(),
+            **uvicorn_options(self._guard),
         )
         self._server = uvicorn.Server(config)
         serving = asyncio.create_task(self._server.serve())

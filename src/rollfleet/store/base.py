@@ -140,7 +140,7 @@ class Store(Protocol):
         ...
 
     async def get_rollout(self, rollout_id: str) -> Rollout:
-        """Return one rollout or raise NotFound."""
+        """Return one rollout or raise NotFound; only what is on disk (see docs/store.md)."""
         ...
 
     async def query_rollouts(
@@ -216,7 +216,7 @@ class Store(Protocol):
 
     async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float) -> list[Rollout]:
         """Wait until every given rollout is terminal or the timeout passes; return them as they
-        are."""
+        are, once on disk: the read to feed training from (see docs/store.md)."""
         ...
 
     async def reap(self) -> ReapReport:

@@ -508,6 +508,8 @@ def reap(tx: Tx, now: float) -> ReapReport:
         report["lost" if outcome is AttemptStatus.LOST else "timed_out"].append(e["attempt_id"])
         report["requeued" if end.new is RolloutStatus.QUEUING else "failed"].append(e["rollout_id"])
     _write_ends(tx, ends, now)
+    if report["failed"]:  # a rollout ended: never visible before it is on disk
+        tx.commit_durably()
     offline = [r["worker_id"] for r in tx.all("stale_workers", now=now)]
     return ReapReport(workers_offline=offline, **report)
 

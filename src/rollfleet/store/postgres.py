@@ -66,6 +66,10 @@ class PostgresTx:
         """Run a named block of several statements."""
         self._conn.execute(queries.load("postgresql")[name])
 
+    def commit_durably(self) -> None:
+        """Commit this transaction synchronously, whatever ``synchronous_commit`` it began with."""
+        self._conn.execute("SET LOCAL synchronous_commit TO ON")
+
     @contextlib.contextmanager
     def savepoint(self) -> Iterator[None]:
         """A nested transaction: an exception inside undoes only what ran inside, then
@@ -132,6 +136,11 @@ class PostgresBackend:
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(tx, *args)`` in its own transaction."""
         return await asyncio.to_thread(self._run, fn, args, True)
+
+    async def durable(self) -> None:
+        """Nothing to wait for: a transaction committed with ``synchronous_commit`` on becomes
+        visible only after its WAL is flushed, and every write that ends a rollout commits so
+        (durable writes, and reaper passes that fail one: ``Tx.commit_durably``)."""
 
     def _run(self, fn: Callable[..., T], args: tuple[Any, ...], durable: bool) -> T:
         errors = self._psycopg.errors

@@ -59,9 +59,12 @@ def _int_cursor(cursor: str | None, default: int) -> int:
     if cursor is None or cursor == "":
         return default
     try:
-        return int(cursor)
+        value = int(cursor)
     except ValueError:
-        raise InvalidInput(f"cursor {cursor!r} is not a cursor this store returned") from None
+        value = -1
+    if not 0 <= value < 2**63:  # the store's cursors are row numbers: a 64-bit column's range
+        raise InvalidInput(f"cursor {cursor[:40]!r} is not a cursor this store returned")
+    return value
 
 
 def query_rollouts(

@@ -65,7 +65,11 @@ class Backend(Protocol):
         ...
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run an operation in a read transaction."""
+        """Run an operation in a read transaction (it may see writes not yet on disk)."""
+        ...
+
+    async def durable(self) -> None:
+        """Return once every write a read made before this call could see is on disk."""
         ...
 
     async def close(self) -> None:
@@ -320,8 +324,10 @@ class SqlStore:
     # --- reads ----------------------------------------------------------------------------------
 
     async def get_rollout(self, rollout_id: str) -> Rollout:
-        """Return one rollout or raise NotFound."""
-        return await self.backend.read(records.get_rollout, rollout_id)
+        """Return one rollout or raise NotFound; durable: what it returns survives a power cut."""
+        rollout = await self.backend.read(records.get_rollout, rollout_id)
+        await self.backend.durable()
+        return rollout
 
     async def query_rollouts(
         self,
@@ -420,7 +426,7 @@ class SqlStore:
 
     async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float) -> list[Rollout]:
         """Wait until every given rollout is terminal or the timeout passes; return them as they
-        are."""
+        are. Durable: what it returns survives a power cut (it waits for the sync if need be)."""
         deadline = time.monotonic() + max(0.0, timeout)
         self._ensure_listening()
         ids = list(rollout_ids)
@@ -429,6 +435,7 @@ class SqlStore:
             rollouts = await self.backend.read(records.get_rollouts, ids)
             remaining = deadline - time.monotonic()
             if all(r.terminal for r in rollouts) or remaining <= 0:
+                await self.backend.durable()
                 return rollouts
             await _wait(event, min(remaining, FALLBACK_POLL_S))
 

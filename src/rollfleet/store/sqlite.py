@@ -13,6 +13,12 @@ each fsync: the next group runs meanwhile, and one fsync covers many groups. Wri
 is harmless (claims, heartbeats, reaper passes: a lost one is a lease that never existed, so the
 rollout is simply queued again and the old attempt fenced) are answered right after their
 commit. Reads run on a small pool of reader connections, which WAL lets proceed beside writes.
+
+A reader connection sees a group at its commit, before the flusher's sync: ``durable()`` waits
+until everything committed so far is on disk (at once when nothing is pending), so a read followed
+by ``durable()`` returns only what a power cut cannot undo. Counters make that cheap:
+``_committing`` counts the groups that changed rows and whose COMMIT has begun, ``_synced`` those
+whose COMMIT had returned when the latest successful sync began; equal, nothing waits.
 """
 
 from __future__ import annotations
@@ -65,6 +71,9 @@ class SqliteTx:
     def script(self, name: str) -> None:
         """Run a named block of several statements."""
         self._conn.executescript(self._q[name])
+
+    def commit_durably(self) -> None:
+        """Nothing to do: SQLite's durable reads wait for the flusher's sync of every commit."""
 
     @contextlib.contextmanager
     def savepoint(self) -> Iterator[None]:
@@ -138,6 +147,10 @@ class SqliteBackend:
         self._pending_lock = threading.Lock()
         self._bulk = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollfleet-sqlite-bulk")
         self._closed = False
+        # groups are numbered in commit order (one writer at a time, under _conn_lock)
+        self._committing = 0  # groups whose COMMIT has begun: a reader may see them from then on
+        self._committed = 0  # groups whose COMMIT has returned: their WAL frames are written
+        self._synced = 0  # groups on disk: _committed as it was when the last good sync began
 
     async def write(
         self,
@@ -192,6 +205,14 @@ class SqliteBackend:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._readers, self._read, fn, args)
 
+    async def durable(self) -> None:
+        """Return once every write committed so far is on disk (a read before this call saw only
+        committed writes: after it, nothing it saw can be undone by a power cut)."""
+        if self._committing > self._synced:
+            # an empty durable write: its group commits after every group begun so far, and it
+            # is answered only after a sync that began after that commit
+            await self.write(_nothing)
+
     def _read(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         conn = getattr(self._local, "conn", None)
         if conn is None:
@@ -206,6 +227,7 @@ class SqliteBackend:
     def _run_group(self, group: list[Any]) -> None:
         conn, tx = self._writer_conn, self._tx
         outcomes: list[tuple[Any, Any, BaseException | None]] = []
+        changes = conn.total_changes
         try:
             conn.execute("BEGIN IMMEDIATE")
             for fn, args, fut, loop, durable, _committed in group:
@@ -217,7 +239,10 @@ class SqliteBackend:
                     conn.execute("ROLLBACK TO op")
                     conn.execute("RELEASE op")
                     outcomes.append(((fut, loop, False), None, _wrap(exc)))
+            if conn.total_changes != changes:  # a group that changed no row leaves nothing to sync
+                self._committing += 1  # before COMMIT: a reader may see this group from here on
             conn.execute("COMMIT")
+            self._committed = self._committing
         except sqlite3.Error as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
@@ -256,12 +281,15 @@ class SqliteBackend:
                     break
                 waiting.append(more)
             failure: BaseException | None = None
+            through = self._committed  # every group committed by now has its frames in the WAL
             try:
                 wal = os.open(self.path + "-wal", os.O_RDONLY) if wal is None else wal
                 os.fdatasync(wal)
             except OSError as exc:
                 log.error("sqlite: syncing the WAL failed: %s", exc)
                 failure = StoreUnavailable(f"sqlite: the commit may not be on disk: {exc}")
+            else:
+                self._synced = max(self._synced, through)
             for outcomes in waiting:
                 for (fut, loop, _durable), value, error in outcomes:
                     loop.call_soon_threadsafe(_settle, fut, value, failure or error)
@@ -286,6 +314,10 @@ class SqliteBackend:
         with self._conn_lock:  # a group still running for another event loop finishes first
             for conn in [self._writer_conn, *self._reader_conns]:
                 conn.close()
+
+
+def _nothing(tx: SqliteTx) -> None:
+    """An operation that writes nothing (``durable()`` waits for the sync that answers it)."""
 
 
 def _wrap(exc: Exception) -> BaseException:

@@ -32,6 +32,11 @@ class Tx(Protocol):
         """Run a named block of several statements (the schema)."""
         ...
 
+    def commit_durably(self) -> None:
+        """Make this transaction's commit wait for the disk even in a write that need not
+        (PostgreSQL: a reaper pass that ends a rollout; SQLite: reads wait for the sync instead)."""
+        ...
+
     def savepoint(self) -> AbstractContextManager[None]:
         """A nested transaction: an exception inside undoes only what ran inside, then
         propagates."""

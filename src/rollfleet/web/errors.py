@@ -10,9 +10,35 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+from pydantic import BaseModel
 from starlette.responses import JSONResponse
 
 from rollfleet.errors import ERRORS_BY_NAME, RollfleetError
+
+
+class ErrorBody(BaseModel):
+    """Every error answer's body: the error's class name and what went wrong."""
+
+    error: str
+    message: str
+
+
+_MEANINGS = {
+    400: "the body is not JSON",
+    401: "a missing or wrong bearer token",
+    403: "a cross-site request",
+    404: "an id this server does not know",
+    409: "an illegal transition, or a write from an attempt that is no longer current",
+    413: "a body over the server's cap",
+    415: "a body that is not application/json",
+    421: "a Host this server does not answer to",
+    422: "a malformed request, naming the field",
+    503: "the store or a pool cannot serve now",
+}
+# documented on every route, so that a client (or a fuzzer) knows each answer's shape
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": meaning} for code, meaning in _MEANINGS.items()
+}
 
 
 def error_body(name: str, message: str, status: int) -> JSONResponse:

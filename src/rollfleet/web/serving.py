@@ -1,7 +1,8 @@
 """Serving helpers for every uvicorn server rollfleet starts (control plane, gateway, pools).
 
 One bearer-token check (constant-time), one bind rule (no open non-loopback port), one free-port
-finder and one HTTP protocol with Nagle's algorithm off.
+finder and one HTTP protocol with Nagle's algorithm off and a bounded request head, configured
+from a :class:`~rollfleet.web.guard.GuardConfig` by :func:`uvicorn_options`.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote
 
+import orjson
 from starlette.requests import Request
 
 from rollfleet.errors import StoreUnavailable, Unauthorized
+from rollfleet.web.guard import GuardConfig
 
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
@@ -63,32 +66,104 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def nodelay_http_protocol() -> type[asyncio.Protocol]:
-    """uvicorn's HTTP protocol with Nagle's algorithm off on every connection.
+def nodelay_http_protocol(
+    header_timeout_s: float | None = None, max_head: int | None = None
+) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol with Nagle's algorithm off and, when given, a bounded request head.
 
     uvicorn writes a response's head and body separately; with Nagle on (uvloop, or a
     listening socket made without IPPROTO_TCP) the body waits for the client's delayed ACK,
     which adds ~40 ms to every call. Measured in bench/engines.py.
+
+    uvicorn bounds neither the time nor the size of a request head: 2,000 half-sent requests
+    held their connections until the clients gave up, and one endless header line grew without
+    end. A connection gets ``header_timeout_s`` to send a whole head (counted from connecting,
+    then from the first byte of each further request; the idle time between requests is
+    uvicorn's keep-alive timeout) and ``max_head`` bytes for it; past either it is answered 408
+    or 431 and closed (closed silently if it sent nothing).
     """
-    base: type[Any]
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-        base = HttpToolsProtocol
-    except ImportError:
-        from uvicorn.protocols.http.h11_impl import H11Protocol
+    class GuardedHTTP(HttpToolsProtocol):
+        _head_timer: asyncio.TimerHandle | None = None
+        _head_bytes = 0
+        _in_head = False  # between the first byte of a request and the end of its head
+        _begun_here = False  # a request began in the read being parsed
 
-        base = H11Protocol
-
-    class NoDelayHTTP(base):  # type: ignore[misc]
-        def connection_made(self, transport: asyncio.Transport) -> None:
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             sock = transport.get_extra_info("socket")
             if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
                 with contextlib.suppress(OSError):
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             super().connection_made(transport)
+            self._arm_head_timer()
 
-    return NoDelayHTTP
+        def data_received(self, data: bytes) -> None:
+            self._begun_here = False
+            super().data_received(data)
+            # the read that begins a head may end another request: only later reads count, so
+            # a head holds at most max_head bytes plus one read
+            if self._in_head and not self._begun_here and max_head is not None:
+                self._head_bytes += len(data)
+                if self._head_bytes > max_head:
+                    self._refuse(431, f"request head over {max_head} bytes")
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._in_head, self._begun_here, self._head_bytes = True, True, 0
+            if self._head_timer is None:
+                self._arm_head_timer()
+
+        def on_headers_complete(self) -> None:
+            self._in_head = False
+            self._disarm_head_timer()
+            super().on_headers_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm_head_timer()
+            super().connection_lost(exc)
+
+        def _arm_head_timer(self) -> None:
+            if header_timeout_s is not None:
+                self._head_timer = self.loop.call_later(header_timeout_s, self._head_timed_out)
+
+        def _disarm_head_timer(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_timed_out(self) -> None:
+            self._head_timer = None
+            if self.cycle is not None and not self.cycle.response_complete:
+                self._arm_head_timer()  # a pipelined head waits while an answer is under way
+            elif not self._in_head:
+                self.transport.close()  # connected and sent nothing
+            else:
+                self._refuse(408, f"request head not complete within {header_timeout_s} s")
+
+        def _refuse(self, status: int, message: str) -> None:
+            if self.transport.is_closing():
+                return
+            self._disarm_head_timer()
+            body = orjson.dumps({"error": "InvalidInput", "message": message})
+            reason = {408: "Request Timeout", 431: "Request Header Fields Too Large"}[status]
+            self.transport.write(
+                f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+                f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
+                + body
+            )
+            self.transport.close()
+
+    return GuardedHTTP
+
+
+def uvicorn_options(guard: GuardConfig) -> dict[str, Any]:
+    """The ``uvicorn.Config`` settings for ``guard``'s connection limits (and Nagle off)."""
+    return {
+        "http": nodelay_http_protocol(guard.header_timeout_s, guard.max_head),
+        "timeout_keep_alive": guard.keep_alive_s,
+        "limit_concurrency": guard.limit_concurrency,
+    }
 
 
 def segment(value: str) -> str:

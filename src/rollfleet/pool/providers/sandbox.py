@@ -1,33 +1,58 @@
 """``sandbox``: an isolated Python execution sandbox (the ``py`` mode's environment).
 
-Each instance is a private directory; every run is a fresh subprocess started in it with
-CPU, address-space, file-size and open-file rlimits, its own session (so the whole process
-group is killed on timeout or reset), a wall-clock timeout, capped output and a clean
-environment (no variable of the parent is inherited, so no secrets leak). Reset kills
-whatever is still running and gives the instance a fresh, empty directory.
+Each instance is a private directory; every run is a fresh process started in it under
+bubblewrap (:mod:`.bwrap`: its own user, PID, network, IPC and mount namespaces, an unprivileged
+uid, read-only system files, no view of the host's files, processes or network), with CPU,
+address-space, file-size, open-file and process-count rlimits, a wall-clock timeout, capped output
+and a clean environment. Reset kills whatever still runs (the whole PID namespace goes with it)
+and gives the instance a fresh, empty directory.
 
-Not isolated: the network and the rest of the filesystem (use a container or VM provider
-when the code is hostile rather than merely buggy).
+Tests are scored by :mod:`.judge`, which runs in the sandbox too and keeps the expected values
+away from the process the solution runs in. Its report travels on its stdout, which the
+solution's processes do not hold; a judge that fails to report is a :class:`SandboxError` (the
+infrastructure's failure), never a score of 0.
+
+``isolation="none"`` (``--unsafe-sandbox``) runs the same processes without bubblewrap: only the
+rlimits and the clean environment remain. For code you trust, on machines without bubblewrap.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
-import re
 import resource
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollfleet.errors import InvalidInput, PoolError
+from rollfleet.pool.providers import judge
+from rollfleet.pool.providers.bwrap import (
+    WORKDIR,
+    bwrap_command,
+    bwrap_path,
+    interpreter,
+    namespace_pid,
+    prepare_workdir,
+)
+
+JUDGE_SOURCE = Path(judge.__file__).read_text(encoding="utf-8")  # run with -c: nothing to bind
+
+
+class SandboxError(PoolError):
+    """The sandbox itself failed (it could not start, or its judge did not report): an
+    infrastructure failure, retried and counted apart, never scored."""
 
 
 class SandboxLimits(BaseModel):
@@ -35,17 +60,29 @@ class SandboxLimits(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    cpu_s: int = Field(default=10, ge=1, description="CPU seconds per run (RLIMIT_CPU)")
-    memory_mb: int = Field(default=1024, ge=64, description="address space per process (RLIMIT_AS)")
-    wall_s: float = Field(default=30.0, gt=0, description="wall-clock seconds per run")
-    file_mb: int = Field(
-        default=64, ge=1, description="largest file a run may write (RLIMIT_FSIZE)"
+    cpu_s: int = Field(default=10, ge=1, le=3600, description="CPU seconds per process")
+    memory_mb: int = Field(
+        default=1024, ge=64, le=65536, description="address space per process (RLIMIT_AS)"
     )
-    open_files: int = Field(default=256, ge=16, description="open descriptors (RLIMIT_NOFILE)")
+    wall_s: float = Field(default=30.0, gt=0, le=3600, description="wall-clock seconds per run")
+    test_s: float = Field(default=5.0, gt=0, le=600, description="wall-clock seconds per test")
+    file_mb: int = Field(
+        default=64, ge=1, le=65536, description="largest file a run may write (RLIMIT_FSIZE)"
+    )
+    open_files: int = Field(
+        default=256, ge=16, le=65536, description="open descriptors (RLIMIT_NOFILE)"
+    )
+    processes: int = Field(
+        default=64, ge=4, le=4096, description="processes of the sandbox user (RLIMIT_NPROC)"
+    )
     max_output_bytes: int = Field(
-        default=1_000_000, ge=1024, description="stdout/stderr kept per run"
+        default=1_000_000, ge=1024, le=1 << 28, description="stdout/stderr kept per run"
     )
     python: str = Field(default=sys.executable, description="the interpreter that runs code")
+    isolation: Literal["bwrap", "none"] = Field(
+        default="bwrap",
+        description="bwrap: bubblewrap namespaces (the default); none: rlimits only, unsafe",
+    )
 
 
 @dataclass(frozen=True)
@@ -66,17 +103,18 @@ class RunResult:
 
 
 @dataclass(frozen=True)
-class UnitTestResult:
-    """A unit-test run: the raw result and the counts unittest reported."""
+class TestReport:
+    """The judge's verdict per test (``why`` says what failed), and the raw run."""
 
-    result: RunResult
-    ran: int
-    failed: int
+    passed: list[bool]
+    why: list[str]
+    import_error: str | None = None
+    result: RunResult | None = field(default=None, compare=False)
 
     @property
-    def passed(self) -> bool:
-        """True when at least one test ran and none failed or errored."""
-        return self.result.ok and self.ran > 0 and self.failed == 0
+    def all_passed(self) -> bool:
+        """True when there was at least one test and every one passed."""
+        return bool(self.passed) and all(self.passed)
 
 
 def _rlimits(limits: SandboxLimits) -> Callable[[], None]:
@@ -89,17 +127,39 @@ def _rlimits(limits: SandboxLimits) -> Callable[[], None]:
         resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_mb * 1024 * 1024,) * 2)
         resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files,) * 2)
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if limits.isolation == "none":  # under bwrap it is set inside, by prlimit
+            resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes,) * 2)
         os.umask(0o077)
 
     return apply
 
 
-def _kill_group(pid: int) -> None:
-    """SIGKILL the whole session a sandboxed run started; quiet when it is already gone."""
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+class _Started:
+    """One started run, and how to kill everything it started."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, info_fd: int | None) -> None:
+        self.proc, self.info_fd = proc, info_fd
+        self.inside: int | None = None  # the sandbox's PID 1, once bubblewrap has said it
+
+    def kill(self) -> None:
+        """SIGKILL the run's session and, under bubblewrap, its whole PID namespace.
+
+        The namespace outlives bubblewrap only when bubblewrap itself was killed: a bubblewrap
+        that exited by itself waited for the sandbox's PID 1 (whose number may be reused).
+        """
+        code = self.proc.returncode
+        if self.info_fd is not None and self.inside is None and (code is None or code < 0):
+            self.inside = namespace_pid(self.info_fd)
+        for kill, pid in ((os.kill, self.inside), (os.killpg, self.proc.pid)):
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    kill(pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        """Release the info pipe."""
+        if self.info_fd is not None:
+            os.close(self.info_fd)
+            self.info_fd = None
 
 
 class _Capture:
@@ -120,23 +180,6 @@ class _Capture:
         return self.kept.decode(errors="replace")
 
 
-_RAN = re.compile(r"^Ran (\d+) tests?", re.MULTILINE)
-_FAILED = re.compile(r"^FAILED \((.*)\)", re.MULTILINE)
-
-
-def unittest_counts(output: str) -> tuple[int, int]:
-    """(tests run, tests failed or errored) from unittest's summary lines."""
-    ran = int(m.group(1)) if (m := _RAN.search(output)) else 0
-    failed = 0
-    if m := _FAILED.search(output):
-        failed = sum(
-            int(n)
-            for key, n in re.findall(r"(\w+)=(\d+)", m.group(1))
-            if key in ("failures", "errors", "unexpected_successes")
-        )
-    return ran, failed
-
-
 class Sandbox:
     """One instance: a private directory in which code runs as fresh, limited processes."""
 
@@ -144,15 +187,27 @@ class Sandbox:
         """Use ``path`` (which must exist) as this sandbox's directory."""
         self.path = path
         self.limits = limits
-        self._running: set[int] = set()
+        self.isolated = limits.isolation == "bwrap"
+        self._running: dict[int, _Started] = {}
+        if self.isolated:
+            self.interpreter, self._prefix = interpreter(limits.python)
+            prepare_workdir(path)
+        else:
+            self.interpreter, self._prefix = limits.python, None
+        home = WORKDIR if self.isolated else str(path)
         self.env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "HOME": str(path),
-            "TMPDIR": str(path),
+            "HOME": home,
+            "TMPDIR": "/tmp" if self.isolated else str(path),
             "LANG": "C.UTF-8",
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONIOENCODING": "utf-8",
         }
+
+    @property
+    def workdir(self) -> str:
+        """The work directory as the sandboxed program sees it."""
+        return WORKDIR if self.isolated else str(self.path)
 
     def write_files(self, files: Mapping[str, str]) -> None:
         """Write text files into the sandbox; names must stay inside it."""
@@ -162,35 +217,68 @@ class Sandbox:
                 raise InvalidInput(f"sandbox file name {name!r} escapes the sandbox directory")
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text, encoding="utf-8")
+            target.chmod(0o644)
+
+    def command(self, argv: Sequence[str], info_fd: int | None = None) -> list[str]:
+        """``argv`` as it is started: inside bubblewrap unless isolation is off."""
+        if not self.isolated:
+            return list(argv)
+        return bwrap_command(
+            argv,
+            workdir=self.path,
+            env=self.env,
+            processes=self.limits.processes,
+            python_prefix=self._prefix,
+            info_fd=info_fd,
+        )
 
     async def run(
-        self, argv: list[str], *, timeout_s: float | None = None, stdin: str | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        stdin: str | None = None,
     ) -> RunResult:
         """Run ``argv`` in the sandbox under its limits; never raises for the program's failures."""
         timeout = timeout_s or self.limits.wall_s
         started = time.monotonic()
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            cwd=self.path,
-            env=self.env,
-            start_new_session=True,
-            preexec_fn=_rlimits(self.limits),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-        )
-        self._running.add(proc.pid)
+        info_read, info_write = os.pipe() if self.isolated else (None, None)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self.command(argv, info_write),
+                cwd=self.path,
+                env=self.env,
+                start_new_session=True,
+                preexec_fn=_rlimits(self.limits),
+                pass_fds=() if info_write is None else (info_write,),
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            )
+        except BaseException:
+            if info_read is not None:
+                os.close(info_read)
+            raise
+        finally:
+            if info_write is not None:
+                os.close(info_write)
+        run = self._running[proc.pid] = _Started(proc, info_read)
         out, err = _Capture(self.limits.max_output_bytes), _Capture(self.limits.max_output_bytes)
         readers = asyncio.gather(out.read(proc.stdout), err.read(proc.stderr))
         try:
             if stdin is not None and proc.stdin is not None:
                 proc.stdin.write(stdin.encode())
                 proc.stdin.close()
-            timed_out = not await self._wait(proc, timeout)
+            try:
+                await asyncio.wait_for(proc.wait(), timeout)
+                timed_out = False
+            except TimeoutError:
+                timed_out = True
         finally:
-            _kill_group(proc.pid)  # stragglers the program left behind go too
-            self._running.discard(proc.pid)
+            run.kill()  # stragglers the program left behind go too
             await proc.wait()
+            run.close()
+            self._running.pop(proc.pid, None)
         try:  # a process that escaped the session may hold the pipes open: do not wait for it
             await asyncio.wait_for(readers, 5.0)
         except TimeoutError:
@@ -198,26 +286,24 @@ class Sandbox:
         return RunResult(
             stdout=out.text(),
             stderr=err.text(),
-            exit_code=None if timed_out else proc.returncode,
+            exit_code=None if timed_out else self._status(proc.returncode),
             timed_out=timed_out,
             duration_s=time.monotonic() - started,
             truncated=out.dropped or err.dropped,
         )
 
-    @staticmethod
-    async def _wait(proc: asyncio.subprocess.Process, timeout: float) -> bool:
-        """Wait for ``proc`` to exit; False (and the process group killed) after ``timeout``."""
-        try:
-            await asyncio.wait_for(proc.wait(), timeout)
-            return True
-        except TimeoutError:
-            _kill_group(proc.pid)
-            return False
+    def _status(self, code: int | None) -> int | None:
+        """The exit status as subprocess reports it: bubblewrap passes on a death by signal N as
+        128 + N, which becomes -N (so a program's own ``exit(137)`` reads as SIGKILL too)."""
+        if self.isolated and code is not None and 128 < code <= 128 + 64:
+            return 128 - code
+        return code
 
     def python(self, *args: str) -> list[str]:
         """argv running the sandbox's interpreter isolated from the environment, writing no
-        bytecode."""
-        return [self.limits.python, "-E", "-s", "-B", *args]
+        bytecode; under bubblewrap without ``site`` too (the standard library only: no ``.pth``
+        file of the host's runs inside, and start-up stays fast)."""
+        return [self.interpreter, "-E", "-s", "-B", *(["-S"] if self.isolated else []), *args]
 
     async def run_code(
         self, code: str, *, timeout_s: float | None = None, stdin: str | None = None
@@ -227,25 +313,51 @@ class Sandbox:
         return await self.run(self.python("main.py"), timeout_s=timeout_s, stdin=stdin)
 
     async def run_tests(
-        self, solution: str, tests: str, *, module: str = "solution", timeout_s: float | None = None
-    ) -> UnitTestResult:
-        """Write ``solution`` as ``module``.py and ``tests`` as test_``module``.py; run unittest."""
-        self.write_files({f"{module}.py": solution, f"test_{module}.py": tests})
-        result = await self.run(
-            self.python("-m", "unittest", f"test_{module}"), timeout_s=timeout_s
-        )
-        ran, failed = unittest_counts(result.stderr)
-        return UnitTestResult(result=result, ran=ran, failed=failed)
+        self, solution: str, tests: Sequence[str], *, module: str = "solution"
+    ) -> TestReport:
+        """Score ``solution`` (written as ``module``.py) against boolean test expressions.
 
-    def kill_all(self) -> None:
-        """Kill every process the sandbox is running now."""
-        for pid in list(self._running):
-            _kill_group(pid)
+        The judge runs in the sandbox; SandboxError when it does not report (the sandbox failed,
+        not the solution).
+        """
+        self.write_files({f"{module}.py": solution})
+        request = json.dumps({"tests": list(tests), "module": module, "test_s": self.limits.test_s})
+        result = await self.run(
+            [self.interpreter, "-I", "-S", "-B", "-c", JUDGE_SOURCE],
+            stdin=request,
+            timeout_s=len(tests) * self.limits.test_s + self.limits.wall_s,
+        )
+        try:
+            report = json.loads(result.stdout) if result.ok else {}
+            verdicts = [(bool(r["ok"]), str(r["why"])) for r in report["results"]]
+        except (ValueError, TypeError, KeyError):
+            verdicts = []
+        if len(verdicts) != len(tests):  # no report, a garbled one, or one for other tests
+            raise SandboxError(
+                f"sandbox {self.path}: the test judge did not report (exit {result.exit_code}, "
+                f"timed out {result.timed_out}): {result.stderr[-300:].strip()}"
+            )
+        return TestReport(
+            passed=[ok for ok, _ in verdicts],
+            why=[why for _, why in verdicts],
+            import_error=report.get("import_error"),
+            result=result,
+        )
+
+    async def kill_all(self) -> None:
+        """Kill every process the sandbox is running now, and wait until they are gone."""
+        running = list(self._running.values())
+        for run in running:
+            run.kill()
+        for run in running:
+            await run.proc.wait()
 
     def wipe(self) -> None:
         """Empty the directory (a fresh one for the next holder)."""
         shutil.rmtree(self.path, ignore_errors=True)
         self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self.isolated:
+            prepare_workdir(self.path)
 
 
 class SandboxProvider:
@@ -259,6 +371,24 @@ class SandboxProvider:
         self.root = Path(root) if root is not None else None
         if not Path(self.limits.python).exists():
             raise PoolError(f"sandbox: interpreter {self.limits.python} does not exist")
+        if self.limits.isolation == "bwrap":
+            bwrap_path()  # the one-line refusal, before anything starts
+
+    def preflight(self) -> None:
+        """Fail now, in one line, when bubblewrap cannot make its namespaces on this machine."""
+        if self.limits.isolation != "bwrap":
+            return
+        with tempfile.TemporaryDirectory(prefix="rollfleet-preflight-") as tmp:
+            box = Sandbox(Path(tmp), self.limits)
+            probe = subprocess.run(
+                box.command(box.python("-c", "pass")), capture_output=True, timeout=60
+            )
+        if probe.returncode != 0:
+            said = probe.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["nothing"]
+            raise SandboxError(
+                f"the py sandbox cannot start here: bubblewrap said {said[0]!r} (user namespaces "
+                "may be disabled: see docs/security.md), or pass --unsafe-sandbox"
+            )
 
     async def start(self, instance_id: str) -> Sandbox:
         """A fresh private directory."""
@@ -269,21 +399,27 @@ class SandboxProvider:
 
     async def reset(self, handle: Sandbox) -> None:
         """Kill what still runs and empty the directory."""
-        handle.kill_all()
+        await handle.kill_all()
         await asyncio.to_thread(handle.wipe)
 
     async def check(self, handle: Sandbox) -> None:
         """Run a trivial program; raise unless it prints ``ok``."""
         result = await handle.run(handle.python("-c", "print('ok')"), timeout_s=30)
         if result.stdout.strip() != "ok":
-            raise PoolError(
+            hint = (
+                " (bubblewrap could not make its namespaces here: user namespaces may be "
+                "disabled; see docs/security.md, or pass --unsafe-sandbox)"
+                if handle.isolated and "bwrap" in result.stderr
+                else ""
+            )
+            raise SandboxError(
                 f"sandbox {handle.path}: check failed (exit {result.exit_code}, "
-                f"timed out {result.timed_out}): {result.stderr[-500:]}"
+                f"timed out {result.timed_out}): {result.stderr[-500:].strip()}{hint}"
             )
 
     async def stop(self, handle: Sandbox) -> None:
         """Kill what still runs and delete the directory."""
-        handle.kill_all()
+        await handle.kill_all()
         await asyncio.to_thread(shutil.rmtree, handle.path, True)
 
     def endpoint(self, handle: Sandbox) -> str:

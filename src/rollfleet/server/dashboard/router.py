@@ -34,6 +34,7 @@ from rollfleet.server.dashboard.live import (
 )
 from rollfleet.server.routes.common import as_json
 from rollfleet.store.base import Store
+from rollfleet.web.jsonbody import strict_json
 
 log = logging.getLogger("rollfleet.dashboard")
 
@@ -162,8 +163,11 @@ def _data_routes(r: APIRouter, store: Store, extras: dict[str, Any], hub: LiveHu
         fn = extras.get("abort_batch")
         if fn is None:
             raise NotFound("aborting batches is not configured on this server")
-        body = await request.json() if await request.body() else {}
-        reason = str(body.get("reason") or "aborted from the dashboard")
+        raw = await request.body()
+        body = strict_json(raw) if raw.strip() else {}
+        if not isinstance(body, dict) or not isinstance(body.get("reason") or "", str):
+            raise InvalidInput('body: expected {"reason": "<text>"} or nothing')
+        reason = (body.get("reason") or "aborted from the dashboard")[:2000]  # the API's cap
         log.info("dashboard: abort batch %s (%s)", batch_id, reason)
         return as_json(
             {"batch_id": batch_id, "result": await call_provider(lambda: fn(batch_id, reason))}

@@ -23,6 +23,7 @@ from rollfleet.server import schemas as s
 from rollfleet.server.routes.common import as_json, describe
 from rollfleet.store.base import Store
 from rollfleet.web.errors import error_body, error_response
+from rollfleet.web.jsonbody import strict_json
 
 B = TypeVar("B", bound=BaseModel)
 
@@ -114,7 +115,9 @@ class LeanRoutes:
         request = Request(scope, receive)
         try:
             await self.check(request)
-            body = route.model.model_validate_json(await request.body())
+            raw = await request.body()
+            strict_json(raw)  # what the store could not keep is a 422 here, not a 500 later
+            body = route.model.model_validate_json(raw)
             response = await route.handler(body, request)
         except RollfleetError as exc:
             response = error_response(exc)

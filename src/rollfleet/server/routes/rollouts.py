@@ -5,7 +5,7 @@ Enqueueing many is a hot call (:mod:`rollfleet.server.routes.hot`).
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
@@ -48,7 +48,7 @@ def routes(store: Store) -> APIRouter:
         search: str | None = None,
         cursor: str | None = None,
         limit: PageLimit = 100,
-        order: str = "asc",
+        order: Literal["asc", "desc"] = "asc",
     ) -> Response:
         page = await store.query_rollouts(
             status=status,

@@ -1,0 +1,129 @@
+"""The command line that runs a program under bubblewrap, isolated from everything but its work dir.
+
+What the program gets (and only that):
+
+- new user, PID, network, IPC, UTS and cgroup namespaces: it sees only its own processes (it is
+  PID 1's descendant; PID 1 is the program itself), has no network but a loopback of its own, and
+  cannot signal, trace or read anything outside;
+- an unprivileged uid (65534). Run by root, bubblewrap makes no user namespace and ``setpriv``
+  drops to 65534 instead, so that the process-count limit applies (the kernel does not count a
+  root-owned user namespace's processes against ``RLIMIT_NPROC``);
+- read-only binds of ``/usr`` (with the merged-``/usr`` links) and of the interpreter's prefix when
+  it lives elsewhere, a fresh ``/proc`` and minimal ``/dev``, a private ``/tmp`` (tmpfs), and its
+  work dir at ``/work``, writable. No ``/etc``, no home, no project, no store;
+- ``--die-with-parent`` and ``--new-session``: when the run is killed, everything it started dies.
+
+``RLIMIT_NPROC`` is set inside (``prlimit``): set outside, it would count every process the
+calling user already has.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from rollfleet.errors import PoolError
+
+SANDBOX_UID = 65534  # "nobody"
+WORKDIR = "/work"
+INSTALL_HINT = (
+    "the py sandbox needs bubblewrap (bwrap), which is not installed: run "
+    "`apt-get install bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap`, or pass "
+    "--unsafe-sandbox to run model-written code without isolation"
+)
+
+
+def bwrap_path() -> str:
+    """The ``bwrap`` executable; PoolError saying how to install it when there is none."""
+    found = shutil.which("bwrap")
+    if found is None:
+        raise PoolError(INSTALL_HINT)
+    return found
+
+
+def interpreter(python: str) -> tuple[str, str | None]:
+    """(the interpreter's real path, the prefix to bind read-only, or None when under /usr).
+
+    A venv's ``python`` is a link to its base interpreter: the sandbox runs the base one, so the
+    venv (and the project installed in it) stays outside.
+    """
+    real = os.path.realpath(python)
+    prefix = str(Path(real).parent.parent)
+    return real, (None if prefix == "/usr" or prefix.startswith("/usr/") else prefix)
+
+
+def _root_links() -> list[str]:
+    """``/bin``, ``/lib``... as links into ``/usr`` (merged /usr) or read-only binds."""
+    args: list[str] = []
+    for name in ("bin", "sbin", "lib", "lib32", "lib64"):
+        path = Path("/") / name
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), str(path)]
+        elif path.is_dir():
+            args += ["--ro-bind", str(path), str(path)]
+    return args
+
+
+def bwrap_command(
+    argv: Sequence[str],
+    *,
+    workdir: Path,
+    env: Mapping[str, str],
+    processes: int,
+    python_prefix: str | None = None,
+    info_fd: int | None = None,
+) -> list[str]:
+    """``argv`` (paths as the sandbox sees them) wrapped in bubblewrap and the limits above.
+
+    bubblewrap writes ``{"child-pid": N}`` on ``info_fd`` (see :func:`namespace_pid`).
+    """
+    root = os.geteuid() == 0
+    cmd = [bwrap_path(), "--die-with-parent", "--new-session", "--as-pid-1"]
+    if info_fd is not None:
+        cmd += ["--info-fd", str(info_fd)]
+    cmd += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
+    cmd += ["--unshare-cgroup-try", "--hostname", "sandbox"]
+    if not root:
+        cmd += ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
+    cmd += ["--ro-bind", "/usr", "/usr", *_root_links()]
+    if python_prefix is not None:  # its parents exist inside as traversable dirs, nothing more
+        for parent in reversed(Path(python_prefix).parents[:-1]):
+            cmd += ["--perms", "0755", "--dir", str(parent)]
+        cmd += ["--ro-bind", python_prefix, python_prefix]
+    cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    cmd += ["--bind", str(workdir), WORKDIR, "--chdir", WORKDIR, "--clearenv"]
+    for key, value in env.items():
+        cmd += ["--setenv", key, value]
+    cmd += ["--", "prlimit", f"--nproc={processes}:{processes}", "--"]
+    if root:
+        uid = str(SANDBOX_UID)
+        cmd += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs"]
+        cmd += ["--"]
+    return cmd + list(argv)
+
+
+def namespace_pid(info_fd: int, wait_s: float = 2.0) -> int | None:
+    """The sandbox's PID 1 as the host sees it, from bubblewrap's ``--info-fd`` (None when
+    bubblewrap ended before it made the sandbox).
+
+    SIGKILL to it ends every process in the PID namespace, daemons included. Killing bubblewrap
+    alone is not enough when root runs it: ``--die-with-parent`` arms the parent-death signal,
+    and the uid change to 65534 (setpriv) clears it.
+    """
+    if not select.select([info_fd], [], [], wait_s)[0]:
+        return None
+    try:
+        return int(json.loads(os.read(info_fd, 65536) or b"{}")["child-pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def prepare_workdir(path: Path) -> None:
+    """Make ``path`` the sandbox user's own (only needed when root runs the sandbox)."""
+    if os.geteuid() == 0:
+        os.chown(path, SANDBOX_UID, SANDBOX_UID)
+        path.chmod(0o700)
