@@ -28,7 +28,7 @@ install: $(STAMP)
 # The main job on the embedded defaults: 52 math tasks, 4 runners, the bundled SmolLM2 on llama.cpp.
 demo: $(STAMP)
 	rm -rf .rollfleet/demo-run
-	$(BIN)/rollfleet run --mode math --data src/rollfleet/examples/math.jsonl --num-rollouts 4 \
+	$(BIN)/rollfleet run --mode math --data src/rollfleet/examples/math.jsonl --num-rollouts 8 \
 		--max-tokens 64 --output-dir .rollfleet/demo-run
 
 test: $(STAMP)

@@ -4,7 +4,7 @@ Same GGUF (the bundled SmolLM2), same prompts (the math mode's system and user m
 each task), same ``max_tokens`` and temperature as ``rollfleet run``; llama-cpp-python's own
 defaults otherwise (all cores as threads). Prints one JSON line: wall time of the whole command
 (imports and model load included, as for ``rollfleet run``), completion tokens, tokens/s.
-Run: ``python -m bench._naive_loop DATA LIMIT MAX_TOKENS``.
+Run: ``python -m bench._naive_loop DATA LIMIT MAX_TOKENS [GGUF]`` (default: the bundled file).
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ from rollfleet.envs import get_mode  # noqa: E402
 def main() -> None:
     """Generate a reply for each of the first LIMIT tasks of DATA, one after another."""
     data, limit, max_tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    model = sys.argv[4] if len(sys.argv) > 4 else str(bundled_gguf())
     mode = get_mode("math")
     tasks = [json.loads(line) for line in open(data, encoding="utf-8") if line.strip()][:limit]
     threads = len(os.sched_getaffinity(0))
-    llm = Llama(model_path=str(bundled_gguf()), n_ctx=2048, n_threads=threads, verbose=False)
+    llm = Llama(model_path=model, n_ctx=2048, n_threads=threads, verbose=False)
     tokens = 0
     for task in tasks:
         messages = [

@@ -5,10 +5,15 @@ the bundled SmolLM2 GGUF, the same prompts, ``max_tokens`` 64, temperature 0.7. 
 alternating rounds (A B C D, A B C D, ...), and the figures are medians over the rounds with
 their range. Wall time is the whole command's, start-up included, as a user waits for it.
 
-* naive loop: ``bench/_naive_loop.py``, one ``Llama`` and a for loop (llama-cpp-python);
-* rollfleet run, the README's demo: 4 runners sharing one llama.cpp engine (continuous batching,
-  prefix cache) behind the gateway, a durable store;
-* rollfleet run with one runner: one rollout at a time, the like-for-like row for the loop;
+* naive loop: ``bench/_naive_loop.py``, one ``Llama`` and a for loop (llama-cpp-python), on the
+  bundled Q4_1 file as a user would load it;
+* naive loop on the Q8_0 copy rollfleet serves by default: the like-for-like row that shows
+  what the file change alone is worth for one sequence at a time;
+* rollfleet run, the README's demo: 8 rollouts at once in one runner process, sharing one
+  llama.cpp engine (continuous batching, prefix cache, the Q8_0 copy) behind the gateway, a
+  durable store;
+* the demo with ``--keep-quant``: the same on the Q4_1 file as it is;
+* rollfleet run with one rollout at a time: the like-for-like row for the loop;
 * the seed's design: 4 runner processes, each with its own copy of the model
   (``--engine-per-runner``).
 """
@@ -28,10 +33,14 @@ from bench._common import PY, ROOT, table, write_results
 COMMAND = "python -m bench run"
 DATA = ROOT / "src" / "rollfleet" / "examples" / "math.jsonl"
 TASKS, MAX_TOKENS, ROUNDS = 52, 64, 3
-SIDES = {
-    "naive loop (llama-cpp-python)": None,
-    "rollfleet run, 4 runners (demo)": ["--num-rollouts", "4"],
-    "rollfleet run, 1 runner": ["--num-rollouts", "1"],
+NAIVE = "naive loop (llama-cpp-python, Q4_1 file)"
+NAIVE_Q8 = "naive loop on rollfleet's Q8_0 copy"
+SIDES: dict[str, list[str]] = {
+    NAIVE: [],
+    NAIVE_Q8: [],
+    "rollfleet run, 8 at once (demo)": ["--num-rollouts", "8"],
+    "rollfleet run, 8 at once, --keep-quant (Q4_1)": ["--num-rollouts", "8", "--keep-quant"],
+    "rollfleet run, 1 at a time": ["--num-rollouts", "1"],
     "seed design: 4 runners, engine per process": ["--num-rollouts", "4", "--engine-per-runner"],
 }
 
@@ -51,8 +60,8 @@ def _rollfleet(extra: list[str], out: Path) -> dict[str, Any]:
             "first_token_s": (summary.get("startup_s") or {}).get("first_token")}
 
 
-def _naive() -> dict[str, Any]:
-    argv = [PY, "-m", "bench._naive_loop", str(DATA), str(TASKS), str(MAX_TOKENS)]
+def _naive(model: Path) -> dict[str, Any]:
+    argv = [PY, "-m", "bench._naive_loop", str(DATA), str(TASKS), str(MAX_TOKENS), str(model)]
     started = time.perf_counter()
     done = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=ROOT, check=True)
     wall = time.perf_counter() - started
@@ -68,15 +77,19 @@ def _spread(values: list[float]) -> dict[str, float]:
 
 def main() -> dict[str, Any]:
     """Alternate every side over ROUNDS rounds; print and write bench/results/run.json."""
+    from rollfleet.engines.llamacpp_model import batch_friendly, bundled_gguf
+
+    models = {NAIVE: bundled_gguf(), NAIVE_Q8: batch_friendly(bundled_gguf())}  # converted here
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in SIDES}
     with tempfile.TemporaryDirectory(prefix="rollfleet-bench-run-") as tmp:
         for r in range(ROUNDS):
             for i, (name, extra) in enumerate(SIDES.items()):
-                result = _naive() if extra is None else _rollfleet(extra, Path(tmp) / f"r{r}-s{i}")
+                out = Path(tmp) / f"r{r}-s{i}"
+                result = _naive(models[name]) if name in models else _rollfleet(extra, out)
                 runs[name].append(result)
                 print(f"round {r + 1}/{ROUNDS} {name}: {result['wall_s']:.1f} s, "
                       f"{result['tokens_per_s']:.1f} tokens/s", flush=True)
-    naive = "naive loop (llama-cpp-python)"
+    naive = NAIVE
     figures: dict[str, Any] = {}
     for name, results in runs.items():
         figures[name] = {

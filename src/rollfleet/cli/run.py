@@ -14,6 +14,7 @@ from rollfleet.cli.common import console
 from rollfleet.envs import MODES
 from rollfleet.errors import InvalidInput
 from rollfleet.run import RunOptions, run
+from rollfleet.run.orchestrate import DEFAULT_ROLLOUTS
 
 DEFAULT_OUTPUT = "results"
 
@@ -62,7 +63,7 @@ def run_command(
     mode: str = typer.Option(..., "--mode", help=f"environment: {', '.join(MODES)}"),
     data: str = typer.Option(..., "--data", help="tasks: a .jsonl file, or a .json list"),
     num_rollouts: int = typer.Option(
-        5, "--num-rollouts", help="N: rollout processes running at once"
+        DEFAULT_ROLLOUTS, "--num-rollouts", help="N: rollouts running at once"
     ),
     num_vms: int = typer.Option(
         3, "--num-vms", help="M: pool size with --use-vm-pool (osworld, py)"
@@ -119,6 +120,12 @@ def run_command(
     engine_threads: int = typer.Option(
         None, "--engine-threads", help="llama.cpp threads (default: measured for this machine)"
     ),
+    keep_quant: bool = typer.Option(
+        False,
+        "--keep-quant",
+        help="serve the GGUF as it is (by default Q4_1/Q5 files are served from a cached Q8_0 "
+        "copy, whose kernels batch better)",
+    ),
     unsafe_sandbox: bool = typer.Option(
         False,
         "--unsafe-sandbox",
@@ -162,6 +169,7 @@ def run_command(
         engine_per_runner=engine_per_runner,
         unsafe_sandbox=unsafe_sandbox,
         engine_threads=engine_threads,
+        keep_quant=keep_quant,
     )
     try:
         summary = asyncio.run(run(opts, console))

@@ -42,6 +42,11 @@ from rollfleet.store.base import Store, read_all
 
 log = logging.getLogger("rollfleet.run")
 AGENT = "rollfleet.agents.loop:agent"
+# Modes whose environment costs nothing on this machine: rollouts only wait on the engine, so
+# the engine gets every core and one runner process runs them all (8 processes, one rollout
+# each, spent 5 s starting and 28.0 s in all for the demo; one process 22.8 s: bench/run.py).
+LIGHT_MODES = ("math", "rag")
+DEFAULT_ROLLOUTS = 8
 POLL_S = 0.5
 
 
@@ -51,7 +56,7 @@ class RunOptions:
 
     mode: str
     data: Path
-    num_rollouts: int = 5
+    num_rollouts: int = DEFAULT_ROLLOUTS
     num_vms: int = 3
     use_vm_pool: bool = False
     model: str | None = None
@@ -70,6 +75,7 @@ class RunOptions:
     standin: bool = False
     unsafe_sandbox: bool = False
     engine_threads: int | None = None
+    keep_quant: bool = False
 
     def check(self) -> None:
         """Refuse impossible numbers before anything starts."""
@@ -144,7 +150,7 @@ def engine_threads(mode: str) -> int:
     runners, 2 cores) ran 30.6 s with 2 threads against 45.0 s with 1 (bench/run.py).
     """
     cores = len(os.sched_getaffinity(0))
-    return cores if mode in ("math", "rag") or cores == 1 else cores - 1
+    return cores if mode in LIGHT_MODES or cores == 1 else cores - 1
 
 
 def preflight(opts: RunOptions) -> None:
@@ -245,7 +251,12 @@ async def _llm(
     from rollfleet.engines.llamacpp import LlamaCppEngine
 
     threads = opts.engine_threads or engine_threads(opts.mode)
-    engine = LlamaCppEngine(opts.model, slots=max(2, opts.num_rollouts), threads=threads)
+    engine = LlamaCppEngine(
+        opts.model,
+        slots=max(2, opts.num_rollouts),
+        threads=threads,
+        batch_quant=not opts.keep_quant,
+    )
     await engine.start()
     startup.mark("engine")
     gateway = Gateway(_recorder(store))
@@ -254,7 +265,7 @@ async def _llm(
         async with running_gateway(gateway) as gateway_url:
             startup.mark("gateway")
             console.print(
-                f"engine llama.cpp {engine.path.name} ({engine.max_concurrency} slots) · "
+                f"engine llama.cpp {engine.model_file} ({engine.max_concurrency} slots) · "
                 f"gateway {gateway_url}/v1",
                 soft_wrap=True,
             )
@@ -276,9 +287,12 @@ def _recorder(store: Store) -> Any:
 
 
 def _fleet(url: str, opts: RunOptions, llm_args: list[str]) -> LocalFleet:
-    """N runner processes; with a shared pool, one process running N rollouts over M instances."""
-    shared = opts.use_vm_pool and opts.mode in ("osworld", "py")
-    n, concurrency = (1, opts.num_rollouts) if shared else (opts.num_rollouts, 1)
+    """One runner process running N rollouts at once (math, rag, or a shared pool's N rollouts
+    over M instances); else N runner processes of one rollout each, so a rollout's environment
+    (a sandbox, a desktop) and whatever it does to its process stay apart from the others."""
+    pooled = opts.use_vm_pool and opts.mode in ("osworld", "py")
+    together = pooled or (opts.mode in LIGHT_MODES and not opts.engine_per_runner)
+    n, concurrency = (1, opts.num_rollouts) if together else (opts.num_rollouts, 1)
     extra = llm_args + ["--env-spec", opts.env_spec().model_dump_json(), "--exit-with-parent"]
     return LocalFleet(
         url,
