@@ -48,6 +48,24 @@ async def test_gateway_openai_lists_models(served) -> None:
         assert [m.id for m in models.data] == ["SmolLM2-135M-Instruct.Q4_1"]
 
 
+async def test_gateway_openai_clients_share_one_pool_that_outlives_them(served) -> None:
+    """Each rollout's client rides the runner's pool: one closing its client (``async with``)
+    leaves the pool open for the next, and both calls are recorded under their own ids."""
+    from rollfleet.engines.client import SharedPool
+
+    url, recorded, _ = served
+    pool = SharedPool()
+    try:
+        for rollout in ("ro-a", "ro-b"):
+            async with llm_client(url, rollout, f"at-{rollout}", http_client=pool) as client:
+                await client.chat.completions.create(model="any", messages=QUESTION, max_tokens=4)
+        assert not pool.is_closed
+        assert [(r, a) for r, a, _ in recorded.steps] == [("ro-a", "at-ro-a"), ("ro-b", "at-ro-b")]
+    finally:
+        await pool.shut()
+    assert pool.is_closed
+
+
 async def test_gateway_openai_chat_is_answered_and_recorded(served) -> None:
     url, recorded, _ = served
     async with llm_client(url, "ro-1", "at-1") as client:

@@ -209,3 +209,36 @@ async def test_a_failing_llm_factory_fails_the_attempt_and_frees_the_slot(store:
     assert [r.status for r in done] == [RolloutStatus.FAILED] * 3
     attempts = (await store.query_attempts(made[0].rollout_id)).items
     assert "no gateway at that URL" in (attempts[0].error or "")
+
+
+class ClaimWatch:
+    """The real store; says when a claim has started waiting."""
+
+    def __init__(self, inner: SqlStore) -> None:
+        self._inner = inner
+        self.claiming = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def claim(self, *args: Any, **kwargs: Any) -> Any:
+        """Pass on, after saying so."""
+        self.claiming.set()
+        return await self._inner.claim(*args, **kwargs)
+
+
+async def test_a_second_stop_cuts_a_long_poll_the_first_let_run(store: SqlStore) -> None:
+    """stop() lets an in-flight claim finish (it may bring work); stop() again, even once the
+    runner already waits on that claim alone, cancels it: the run ends now, not at the end of the
+    long-poll (an hour here). ``rollfleet run`` relies on it at every run's end."""
+    watched = ClaimWatch(store)
+    runner = Runner(watched, Gated().agent, worker_id="w-poll", concurrency=1, claim_wait_s=3600)  # type: ignore[arg-type]
+    running = asyncio.create_task(runner.run())
+    await asyncio.wait_for(watched.claiming.wait(), 20)
+    runner.stop()
+    for _ in range(10):  # let the claim loop see the first stop and wait on the claim alone
+        await asyncio.sleep(0)
+    assert not running.done()
+    runner.stop()
+    stats = await asyncio.wait_for(running, 30)
+    assert stats.claimed == 0

@@ -18,6 +18,25 @@ def gateway_v1_url(base_url: str) -> str:
     return base if base.endswith("/v1") else base + "/v1"
 
 
+class SharedPool(httpx.AsyncClient):
+    """One connection pool for every ``ctx.llm`` of a runner: building an ``AsyncOpenAI`` with
+    its own pool costs 22 ms (an SSL context is made even for http), with a shared one 0.2 ms,
+    and calls reuse kept-alive connections to the gateway. An agent that closes its
+    ``ctx.llm`` (``async with ctx.llm:``) does not close the pool; its owner calls ``shut``."""
+
+    def __init__(self, max_connections: int | None = None) -> None:
+        """A pool without a cap on connections (the runner caps its rollouts)."""
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=256)
+        super().__init__(timeout=LLM_TIMEOUT, limits=limits)
+
+    async def aclose(self) -> None:
+        """Ignored: the pool outlives each rollout's client."""
+
+    async def shut(self) -> None:
+        """Close the pool (the runner is done)."""
+        await super().aclose()
+
+
 def llm_client(
     base_url: str, rollout_id: str, attempt_id: str, token: str | None = None, **kwargs: Any
 ) -> Any:
@@ -25,7 +44,7 @@ def llm_client(
 
     Calls carry ``X-Rollfleet-Rollout``/``X-Rollfleet-Attempt`` so the gateway records them
     as Steps of that attempt. Retries are off (a retried generation would be recorded twice)
-    and reads never time out.
+    and reads never time out. Pass ``http_client=SharedPool()`` to share one pool.
     """
     import openai
 

@@ -47,7 +47,7 @@ AGENT = "rollfleet.agents.loop:agent"
 # each, spent 5 s starting and 28.0 s in all for the demo; one process 22.8 s: bench/run.py).
 LIGHT_MODES = ("math", "rag")
 DEFAULT_ROLLOUTS = 8
-POLL_S = 0.5
+POLL_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -340,6 +340,8 @@ async def _follow(
     finally:
         if fleet is not None and running is not None:
             fleet.stop()
+            if len(seen) == len(ids):  # nothing left to claim: end the runners' long-polls now
+                fleet.stop()  # (a drain would let each finish: up to 2 s at every run's end)
             await running
 
 

@@ -1,8 +1,8 @@
 """One runner process: ``python -m rollfleet.runner.child --store URL --agent REF …``.
 
 Prints one JSON line per lifecycle event on stdout (the launcher turns them into output);
-SIGTERM/SIGINT drains, a second signal releases everything at once (``--supervised``: SIGINT is
-left to the supervisor, which turns it into SIGTERM).
+SIGTERM/SIGINT drains, a second signal (or SIGUSR1) releases everything at once (``--supervised``:
+SIGINT is left to the supervisor, which turns it into SIGTERM).
 
 Events travel on a private copy of the original stdout, written by a thread of their own: the
 event loop never blocks on a full pipe (a supervisor that stops reading costs events, counted on
@@ -131,13 +131,16 @@ def emit(event: str, **fields: Any) -> None:
         sys.stdout.flush()
 
 
-def llm_factory(url: str, token: str | None = None) -> Callable[[Rollout], Any]:
-    """``ctx.llm`` for each rollout: an OpenAI client for ``url`` tagged with its ids."""
+def llm_factory(url: str, token: str | None, http: Any) -> Callable[[Rollout], Any]:
+    """``ctx.llm`` for each rollout: an OpenAI client for ``url`` tagged with its ids, all of
+    them on the one connection pool ``http``."""
     from rollfleet.engines.client import llm_client
 
     def make(rollout: Rollout) -> Any:
         assert rollout.attempt is not None
-        return llm_client(url, rollout.rollout_id, rollout.attempt.attempt_id, token=token)
+        return llm_client(
+            url, rollout.rollout_id, rollout.attempt.attempt_id, token=token, http_client=http
+        )
 
     return make
 
@@ -176,6 +179,11 @@ async def _serve(args: argparse.Namespace, llm_url: str | None) -> int:
 
         env = build_env_source(EnvSpec.model_validate_json(args.env_spec), args.concurrency)
     store = connect(args.store, token=args.token)
+    http = None
+    if llm_url:
+        from rollfleet.engines.client import SharedPool
+
+        http = SharedPool()
     try:
         runner = Runner(
             store,
@@ -185,14 +193,19 @@ async def _serve(args: argparse.Namespace, llm_url: str | None) -> int:
             grace_s=args.grace_s,
             on_event=emit,
             env=env,
-            llm_factory=llm_factory(llm_url, args.llm_token) if llm_url else None,
+            llm_factory=llm_factory(llm_url, args.llm_token, http) if llm_url else None,
         )
     except AgentError as exc:
         emit("agent_error", worker_id=args.worker_id, error=str(exc))
         await store.close()
+        if http is not None:
+            await http.shut()
         return 3
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, runner.stop)
+    # SIGUSR1: release now. Two SIGTERMs sent back to back reach a process as one (a pending
+    # signal is not queued twice), so a supervisor that wants "release now" sends this instead.
+    loop.add_signal_handler(signal.SIGUSR1, runner.release)
     # supervised: a terminal's Ctrl-C reaches the whole process group, and the supervisor turns
     # it into SIGTERM; acting on it too would make one Ctrl-C a second signal (release at once).
     # A handler, not SIG_IGN: what this runner starts gets the default disposition back at exec.
@@ -207,6 +220,8 @@ async def _serve(args: argparse.Namespace, llm_url: str | None) -> int:
             watcher.cancel()
         if env is not None:
             await env.close()
+        if http is not None:
+            await http.shut()
         await store.close()
     return 0
 

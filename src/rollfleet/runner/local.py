@@ -6,8 +6,9 @@ raises is skipped and logged, never the end of the reader. A child's exit is not
 not its pipe is drained or still held open.
 
 Stopping: ``stop()`` sends every child SIGTERM (it drains: running rollouts get ``grace_s``), and
-a child still running ``grace_s + RELEASE_S`` later is killed. A second ``stop()`` sends SIGTERM
-again (children release everything at once) and kills ``RELEASE_S`` later; a third kills now.
+a child still running ``grace_s + RELEASE_S`` later is killed. A second ``stop()`` sends SIGUSR1
+(children release everything at once; a second SIGTERM could merge with a first one still
+pending) and kills ``RELEASE_S`` later; a third kills now.
 Children run with ``--supervised`` (they leave SIGINT to the supervisor: a terminal's Ctrl-C
 reaches the whole process group, and the supervisor decides what they get) and with
 ``--exit-with-parent`` (they stop if the supervisor dies). They stay in the supervisor's process
@@ -254,9 +255,9 @@ class LocalFleet:
                     stopping.cancel()
                     continue
                 while signalled < min(self._stops, 2):
-                    with contextlib.suppress(ProcessLookupError):
-                        proc.send_signal(signal.SIGTERM)
-                    signalled += 1
+                    with contextlib.suppress(ProcessLookupError):  # the 2nd: release now (a 2nd
+                        proc.send_signal((signal.SIGTERM, signal.SIGUSR1)[signalled])  # SIGTERM
+                    signalled += 1  # sent at once would merge with the 1st)
                 left = self._kill_at - time.monotonic()
                 if self._stops >= 3 or left <= 0:
                     log.warning("%s: did not stop in time; killing it", child.worker_id)

@@ -119,6 +119,7 @@ class Runner:
         self._work = TaskSet(log, self.worker_id)  # rollouts, their first heartbeats, their ends
         self._wake = asyncio.Event()  # the claim loop looks again: slot freed, stop(), loop ended
         self._stopping = asyncio.Event()
+        self._aborted = asyncio.Event()  # the second stop(): release now
         self._aborting = False
         self._resources: tuple[float, Resources | None] = (0.0, None)
         self._completions: NaturalBatcher[Completion, CompletionOutcome] = NaturalBatcher(
@@ -134,9 +135,15 @@ class Runner:
         """First call: drain (finish within grace_s, then release). Second call: release now."""
         if self._stopping.is_set():
             self._aborting = True
+            self._aborted.set()
             self._release_all()
         self._stopping.set()
         self._wake.set()
+
+    def release(self) -> None:
+        """Stop and release everything now (stop() twice)."""
+        self.stop()
+        self.stop()
 
     @property
     def active(self) -> int:
@@ -187,7 +194,10 @@ class Runner:
         try:
             await asyncio.wait([claim, stop_wait], return_when=asyncio.FIRST_COMPLETED)
             if not claim.done():
-                if self._aborting:
+                aborted = asyncio.ensure_future(self._aborted.wait())
+                await asyncio.wait([claim, aborted], return_when=asyncio.FIRST_COMPLETED)
+                aborted.cancel()
+                if self._aborting:  # released: what the claim may still take goes back by lease
                     claim.cancel()
                 await asyncio.wait([claim])
         finally:
