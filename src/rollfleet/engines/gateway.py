@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollfleet.engines.base import Engine, Generation, GenerationRequest, StreamItem
-from rollfleet.errors import EngineError, NotFound
+from rollfleet.errors import Conflict, EngineError, InvalidInput, NotFound
 from rollfleet.model import StepIn
 
 log = logging.getLogger("rollfleet.engines")
@@ -120,6 +120,7 @@ class Gateway:
         self.abort_wait_s = abort_wait_s
         self._flights: dict[str, _Flight] = {}
         self._ids = itertools.count(1)
+        self._updating = asyncio.Lock()
 
     # -- replicas ----------------------------------------------------------------------
     def add_replica(self, engine: Engine, replica_id: str | None = None) -> str:
@@ -157,7 +158,15 @@ class Gateway:
 
     def models(self) -> list[str]:
         """Distinct model names served by the replicas."""
-        return sorted({r.engine.info().model for r in self.router.replicas.values()})
+        return sorted(self.model_versions())
+
+    def model_versions(self) -> dict[str, int]:
+        """Each model served and the newest weights version a replica serves it at."""
+        versions: dict[str, int] = {}
+        for replica in self.router.replicas.values():
+            info = replica.engine.info()
+            versions[info.model] = max(versions.get(info.model, 0), info.weights_version)
+        return versions
 
     async def close(self) -> None:
         """Abort everything and stop every replica's engine."""
@@ -220,6 +229,37 @@ class Gateway:
         if flights:
             log.info("gateway: aborted %d call(s) of rollout %s", len(flights), rollout_id)
         return len(flights)
+
+    # -- weights -----------------------------------------------------------------------
+    @property
+    def weights_version(self) -> int:
+        """The newest weights version any replica serves (0 before the first update)."""
+        return max((r.engine.version for r in self.router.replicas.values()), default=0)
+
+    async def update_weights(self, tensors: list[tuple[str, Any]], version: int) -> dict[str, Any]:
+        """Install named tensors as ``version`` on every replica, one update at a time.
+
+        ``version`` must be newer than every replica's (Conflict otherwise: a duplicate or a
+        reordered push). A replica that refuses the tensors (unknown name, wrong shape) keeps
+        its weights, and the caller gets InvalidInput naming the tensor; replicas updated
+        before it keep the new version (each replica's version is in the answer)."""
+        async with self._updating:
+            current = self.weights_version
+            if version <= current:
+                raise Conflict(f"weights version {version} is not newer than {current}")
+            if not self.router.replicas:
+                raise EngineError("gateway: no engine replica to update")
+            pauses: dict[str, float] = {}
+            for replica in list(self.router.replicas.values()):
+                started = time.monotonic()
+                try:
+                    await replica.engine.update_weights(tensors, version)
+                except EngineError as exc:
+                    raise InvalidInput(f"{replica.replica_id}: {exc}") from exc
+                pauses[replica.replica_id] = round(time.monotonic() - started, 6)
+                log.info("gateway: %s now serves weights version %d", replica.replica_id, version)
+            return {"version": version, "tensors": len(tensors), "update_s": pauses,
+                    "replicas": self.replicas()}  # fmt: skip
 
     @property
     def in_flight(self) -> int:

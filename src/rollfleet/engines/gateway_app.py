@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rollfleet.engines.base import Delta, Generation, GenerationRequest, SamplingParams
 from rollfleet.engines.gateway import Gateway
-from rollfleet.errors import InvalidInput, RollfleetError
+from rollfleet.errors import Conflict, InvalidInput, RollfleetError
 from rollfleet.web.errors import ERROR_RESPONSES
 from rollfleet.web.guard import GATEWAY_GUARD, GuardConfig, RequestGuard
 from rollfleet.web.jsonbody import check_json_body
@@ -331,8 +331,14 @@ def gateway_router(gateway: Gateway, token: str | None = None) -> APIRouter:
             return {
                 "object": "list",
                 "data": [
-                    {"id": m, "object": "model", "owned_by": "rollfleet", "created": 0}
-                    for m in gateway.models()
+                    {
+                        "id": model,
+                        "object": "model",
+                        "owned_by": "rollfleet",
+                        "created": 0,
+                        "weights_version": version,
+                    }
+                    for model, version in sorted(gateway.model_versions().items())
                 ],
             }
 
@@ -340,6 +346,25 @@ def gateway_router(gateway: Gateway, token: str | None = None) -> APIRouter:
     async def abort(rollout_id: str) -> dict[str, Any]:
         """Abort a rollout's in-flight calls (they return partial output)."""
         return {"rollout_id": rollout_id, "aborted": await gateway.abort(rollout_id)}
+
+    @router.put("/v1/rollfleet/weights/{version}")
+    async def weights(version: int, request: Request) -> Response:
+        """Install new weights on every replica: the body is a push (rollfleet.engines.weights),
+        applied once it has all arrived intact; 409 for a version that is not newer."""
+        from rollfleet.engines.weights import decode
+
+        try:
+            if not 0 < version < 2**63:
+                raise InvalidInput(f"weights version {version} must be 1 to 2**63 - 1")
+            if gateway.weights_version >= version:  # refuse before reading gigabytes
+                raise Conflict(
+                    f"weights version {version} is not newer than {gateway.weights_version}"
+                )
+            tensors = await decode(request.stream())
+            answer = await gateway.update_weights(tensors, version)
+        except RollfleetError as exc:
+            return _error(exc)
+        return Response(orjson.dumps(answer), media_type="application/json")
 
     @router.get("/v1/rollfleet/replicas")
     async def replicas() -> dict[str, Any]:

@@ -25,7 +25,7 @@ from rollfleet.engines.base import (
     NamedTensors,
     WeightSource,
 )
-from rollfleet.engines.buckets import DEFAULT_BUCKET_BYTES, bucket_tensors
+from rollfleet.engines.buckets import DEFAULT_BUCKET_BYTES
 from rollfleet.engines.llamacpp_model import find_stop, sample
 from rollfleet.engines.threaded import STOP, Pending, ThreadedEngine
 from rollfleet.errors import EngineError
@@ -142,24 +142,25 @@ class HFEngine(ThreadedEngine):
         return new
 
     def _copy_in(self, tensors: NamedTensors) -> int:
+        """Check every tensor first (name, shape), then copy: a refused update changes nothing."""
         import torch
 
         live = self.hf_model.state_dict(keep_vars=True)
-        count = 0
+        pairs = []
+        for name, tensor in tensors:
+            target = live.get(name)
+            if target is None:
+                raise EngineError(f"hf: update_weights got unknown tensor {name!r}")
+            if tuple(target.shape) != tuple(tensor.shape):
+                raise EngineError(
+                    f"hf: tensor {name!r} has shape {tuple(tensor.shape)},"
+                    f" the model has {tuple(target.shape)}"
+                )
+            pairs.append((target, tensor))
         with torch.no_grad():
-            for bucket in bucket_tensors(tensors, self.bucket_bytes):
-                for name, tensor in bucket.items:
-                    target = live.get(name)
-                    if target is None:
-                        raise EngineError(f"hf: update_weights got unknown tensor {name!r}")
-                    if tuple(target.shape) != tuple(tensor.shape):
-                        raise EngineError(
-                            f"hf: tensor {name!r} has shape {tuple(tensor.shape)},"
-                            f" the model has {tuple(target.shape)}"
-                        )
-                    target.copy_(torch.as_tensor(tensor).to(target.device, target.dtype))
-                    count += 1
-        return count
+            for target, tensor in pairs:
+                target.copy_(torch.as_tensor(tensor).to(target.device, target.dtype))
+        return len(pairs)
 
     # -- worker thread -----------------------------------------------------------------
     def work(self) -> None:

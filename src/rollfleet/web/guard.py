@@ -55,6 +55,16 @@ _READ = {
 
 
 @dataclass(frozen=True, slots=True)
+class BodyRoute:
+    """Paths under ``prefix`` take bodies of other types and sizes (a weight push: gigabytes of
+    ``application/octet-stream``, streamed, behind the same bearer token)."""
+
+    prefix: str
+    max_body: int
+    body_types: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
 class GuardConfig:
     """What one server accepts from a client: body size and type, Host names, and connections.
 
@@ -74,12 +84,24 @@ class GuardConfig:
     max_head: int = 64 * 1024
     keep_alive_s: float = 5.0
     limit_concurrency: int = 2048
+    routes: tuple[BodyRoute, ...] = ()
+
+    def for_path(self, path: str) -> tuple[int, frozenset[str]]:
+        """The body cap and types for a request to ``path``."""
+        for route in self.routes:
+            if path.startswith(route.prefix):
+                return route.max_body, route.body_types
+        return self.max_body, self.body_types
 
 
-GUARD = GuardConfig()  # the control plane and the pool service
-# the gateway: larger bodies (long multimodal prompts; weight pushes will get their own streaming
-# route and cap) and the long keep-alive OpenAI clients expect
-GATEWAY_GUARD = GuardConfig(max_body=64 * MiB, keep_alive_s=75.0)
+# a weight push (rollfleet.engines.weights): one streamed body, capped there too
+WEIGHTS_ROUTE = BodyRoute(
+    "/v1/rollfleet/weights/", 256 * 1024 * MiB, frozenset({"application/octet-stream"})
+)
+GUARD = GuardConfig(routes=(WEIGHTS_ROUTE,))  # the control plane (it may mount the gateway)
+# the gateway: larger bodies (long multimodal prompts), weight pushes, and the long keep-alive
+# OpenAI clients expect
+GATEWAY_GUARD = GuardConfig(max_body=64 * MiB, keep_alive_s=75.0, routes=(WEIGHTS_ROUTE,))
 
 
 class _BodyTooLarge(InvalidInput):
@@ -121,11 +143,12 @@ class RequestGuard:
             origin = headers.get("origin")
             if origin is not None and not _same_origin(origin, host, scope):
                 return _refuse("Unauthorized", f"refused a request from origin {origin!r}", 403)
-            if not self._type_allowed(headers):
+            max_body, types = self.config.for_path(scope["path"])
+            if not self._type_allowed(headers, types):
                 kind = headers.get("content-type", "none")
-                allowed = ", ".join(sorted(self.config.body_types))
+                allowed = ", ".join(sorted(types))
                 return _refuse("InvalidInput", f"content type {kind!r}: send {allowed}", 415)
-        return self._length_refusal(headers.get("content-length"))
+        return self._length_refusal(headers.get("content-length"), scope["path"])
 
     def _host_allowed(self, host: str, scope: Scope) -> bool:
         name = _host_name(host)
@@ -134,27 +157,28 @@ class RequestGuard:
         own = _bracketed(str(scope["server"][0]))
         return name in self._names or name == own
 
-    def _type_allowed(self, headers: dict[str, str]) -> bool:
+    def _type_allowed(self, headers: dict[str, str], types: frozenset[str]) -> bool:
         kind = headers.get("content-type")
         if kind is None:  # only a request without a body may leave its type out
             return "transfer-encoding" not in headers and headers.get("content-length", "0") == "0"
-        return kind.split(";", 1)[0].strip().lower() in self.config.body_types
+        return kind.split(";", 1)[0].strip().lower() in types
 
-    def _length_refusal(self, length: str | None) -> Response | None:
+    def _length_refusal(self, length: str | None, path: str) -> Response | None:
         if length is None:
             return None
         if not length.isdigit():
             return _refuse("InvalidInput", f"Content-Length {length!r} is not a number", 400)
-        if int(length) > self.config.max_body:
-            return self._too_large()
+        if int(length) > self.config.for_path(path)[0]:
+            return self._too_large(path)
         return None
 
-    def _too_large(self) -> Response:
-        return _refuse("InvalidInput", f"request body over {self.config.max_body} bytes", 413)
+    def _too_large(self, path: str) -> Response:
+        cap = self.config.for_path(path)[0]
+        return _refuse("InvalidInput", f"request body over {cap} bytes", 413)
 
     async def _counted(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Run the app counting body bytes; past the cap, its answer becomes a 413."""
-        cap, seen, over, started = self.config.max_body, 0, False, False
+        cap, seen, over, started = self.config.for_path(scope["path"])[0], 0, False, False
 
         async def counting_receive() -> Message:
             nonlocal seen, over
@@ -179,7 +203,7 @@ class RequestGuard:
             if not over:
                 raise
         if over and not started:
-            await self._too_large()(scope, receive, send)
+            await self._too_large(scope["path"])(scope, receive, send)
 
 
 def _headers(scope: Scope) -> dict[str, str]:

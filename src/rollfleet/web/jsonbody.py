@@ -79,8 +79,10 @@ def strict_json(body: bytes) -> Any:
 
 
 async def check_json_body(request: Request) -> None:
-    """A FastAPI dependency: a state-changing request's JSON body must be strict JSON."""
-    if request.method in STATE_CHANGING:
+    """A FastAPI dependency: a state-changing request's JSON body must be strict JSON (other
+    media types reach only the routes the request guard admits them to, which read them)."""
+    kind = request.headers.get("content-type", "application/json").split(";", 1)[0].strip()
+    if request.method in STATE_CHANGING and kind.lower() == "application/json":
         body = await request.body()
         if body.strip():
             strict_json(body)

@@ -1,0 +1,152 @@
+"""A trainer pushes weights to a running gateway over HTTP (and in process): versioned, applied
+whole or not at all, refused with a reason, and survived when the trainer dies mid-push."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from rollfleet.engines.base import GenerationRequest, SamplingParams
+from rollfleet.engines.gateway import Gateway
+from rollfleet.engines.gateway_app import running_gateway
+from rollfleet.engines.weights import encode, push_weights, weights_url
+from rollfleet.errors import Conflict, InvalidInput
+from support import require
+
+HAVE = bool(importlib.util.find_spec("transformers") and importlib.util.find_spec("torch"))
+GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[str, Gateway, Any]]:
+    require(HAVE, "transformers and torch (rollfleet[hf])")
+    from rollfleet.engines.hf import HFEngine, tiny_hf_model
+
+    engine = HFEngine(*tiny_hf_model(seed=0), max_batch=8)
+    await engine.start()
+    gateway = Gateway()
+    gateway.add_replica(engine, "hf-0")
+    try:
+        async with running_gateway(gateway, token="s3cret") as url:
+            yield url, gateway, engine
+    finally:
+        await gateway.close()
+
+
+async def greedy(engine: Any, prompt: str = "hello") -> list[int]:
+    result = await engine.generate(GenerationRequest(prompt=prompt, params=GREEDY))
+    return list(result.completion_token_ids)
+
+
+def state(seed: int) -> list[tuple[str, Any]]:
+    from rollfleet.engines.hf import tiny_hf_model
+
+    return list(tiny_hf_model(seed=seed)[0].state_dict().items())
+
+
+async def test_a_push_during_generation_fails_none_and_matches_a_fresh_engine(served) -> None:
+    from rollfleet.engines.hf import HFEngine, tiny_hf_model
+
+    url, gateway, engine = served
+    before = await greedy(engine)
+    running = [asyncio.create_task(gateway.generate(GenerationRequest(
+        prompt=f"p{i}", params=SamplingParams(max_tokens=40, ignore_eos=True)))) for i in range(8)]
+    answer = await push_weights(url, state(1), version=1, token="s3cret")
+    done = await asyncio.gather(*running)
+    assert all(len(g.completion_token_ids) == 40 for g in done)  # none failed or was cut
+    assert answer["version"] == 1 and answer["replicas"][0]["weights_version"] == 1
+    assert gateway.weights_version == engine.version == 1
+    async with httpx.AsyncClient() as client:
+        listed = (await client.get(url + "/v1/models", headers={"authorization": "Bearer s3cret"})).json()
+    assert [m["weights_version"] for m in listed["data"]] == [1]
+    fresh = HFEngine(*tiny_hf_model(seed=1))
+    await fresh.start()
+    try:
+        after = await greedy(engine)
+        assert after == await greedy(fresh) and after != before
+    finally:
+        await fresh.stop()
+
+
+async def test_stale_and_duplicate_versions_are_409_and_change_nothing(served) -> None:
+    url, gateway, engine = served
+    await push_weights(url, state(1), version=5, token="s3cret")
+    before = await greedy(engine)
+    for version in (5, 3):
+        with pytest.raises(Conflict, match=f"version {version} is not newer than 5"):
+            await push_weights(url, state(2), version=version, token="s3cret")
+    assert engine.version == 5 and await greedy(engine) == before
+
+
+async def test_bad_tensors_and_corrupt_buckets_are_422_naming_them(served) -> None:
+    url, gateway, engine = served
+    before = await greedy(engine)
+    good = state(1)
+    with pytest.raises(InvalidInput, match="unknown tensor 'nope'"):
+        await push_weights(url, [*good, ("nope", good[0][1])], version=1, token="s3cret")
+    misshaped = [(n, t[:1] if n == "model.norm.weight" else t) for n, t in good]
+    with pytest.raises(InvalidInput, match="'model.norm.weight' has shape"):
+        await push_weights(url, misshaped, version=1, token="s3cret")
+    raw = bytearray(b"".join(bytes(p) for p in encode(good)))
+    raw[-100] ^= 0x01
+    async with httpx.AsyncClient() as client:
+        reply = await client.put(weights_url(url, 1), content=bytes(raw), headers={
+            "content-type": "application/octet-stream", "authorization": "Bearer s3cret"})
+    assert reply.status_code == 422 and "corrupt" in reply.json()["error"]["message"]
+    assert engine.version == 0 and await greedy(engine) == before  # nothing was half-applied
+
+
+async def test_a_push_needs_the_token_and_the_octet_stream_type(served) -> None:
+    url, _, engine = served
+    with pytest.raises(Exception, match="(?i)token|unauthori"):
+        await push_weights(url, state(1), version=1)
+    async with httpx.AsyncClient() as client:
+        reply = await client.put(weights_url(url, 1), content=b"{}", headers={
+            "content-type": "application/json", "authorization": "Bearer s3cret"})
+    assert reply.status_code == 415
+    assert engine.version == 0
+
+
+async def test_a_trainer_killed_mid_push_leaves_the_old_weights_and_the_next_push_works(
+    served, tmp_path
+) -> None:
+    url, gateway, engine = served
+    before = await greedy(engine)
+    trainer = textwrap.dedent(f"""
+        import sys, threading, httpx
+        from rollfleet.engines.hf import tiny_hf_model
+        from rollfleet.engines.weights import encode, weights_url
+        parts = list(encode(tiny_hf_model(seed=1)[0].state_dict().items(), bucket_bytes=1 << 16))
+        def body():
+            for i, part in enumerate(parts):
+                yield bytes(part)
+                if i == len(parts) // 2:
+                    print("half", flush=True)
+                    threading.Event().wait()  # the test kills us here
+        httpx.put(weights_url({url!r}, 1), content=body(), timeout=None, headers={{
+            "content-type": "application/octet-stream", "authorization": "Bearer s3cret"}})
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", trainer], stdout=subprocess.PIPE, text=True)
+    try:
+        line = await asyncio.to_thread(proc.stdout.readline)
+        assert line.strip() == "half"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert engine.version == 0 and await greedy(engine) == before
+    await push_weights(url, state(1), version=1, token="s3cret")
+    assert engine.version == 1 and await greedy(engine) != before
+
+
+async def test_in_process_push_goes_straight_to_the_gateway(served) -> None:
+    _, gateway, engine = served
+    answer = await push_weights(gateway, state(3), version=2)
+    assert answer["version"] == 2 and engine.version == 2
