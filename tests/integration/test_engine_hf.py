@@ -111,3 +111,51 @@ async def test_engine_hf_abort_returns_partial_tokens(engine) -> None:
     assert await asyncio.wait_for(engine.abort(None), 1.0) == 4
     for result in await asyncio.wait_for(asyncio.gather(*tasks), 10):
         assert result.aborted and 1 <= len(result.completion_token_ids) < 5000
+
+
+async def test_engine_hf_new_weights_mid_generation_continue_it_under_the_new_policy(engine) -> None:
+    """The swap lands between two decode steps of a running request: nothing is thrown away,
+    the KV cache is recomputed, and the tokens after the swap are exactly what a fresh engine
+    with the new weights generates from the prompt and the tokens before it."""
+    from rollfleet.engines.hf import HFEngine, tiny_hf_model
+
+    long = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
+    seen = asyncio.Event()
+    count = 0
+
+    async def run() -> Generation:
+        nonlocal count
+        async for item in engine.stream(GenerationRequest(prompt="tell me", params=long)):
+            if isinstance(item, Generation):
+                return item
+            count += 1
+            if count == 5:
+                seen.set()
+        raise AssertionError("no result")
+
+    task = asyncio.create_task(run())
+    await asyncio.wait_for(seen.wait(), 60)
+    gate = threading.Event()
+    engine.inbox.put(gate.wait)  # the worker stops at the next step boundary, mid-request
+
+    async def queued(n: int) -> None:
+        while engine.inbox.qsize() < n:
+            await asyncio.sleep(0.01)
+
+    new = tiny_hf_model(seed=1)
+    swap = asyncio.create_task(engine.update_weights(new[0].state_dict().items(), version=3))
+    await asyncio.wait_for(queued(1), 30)  # the gate was taken; the swap waits behind it
+    gate.set()
+    result = await asyncio.wait_for(task, 60)
+    assert await swap == 3
+    (start, v0), (cut, v1) = result.versions
+    assert (start, v0, v1) == (0, 0, 3) and 5 <= cut < 60 and len(result.completion_token_ids) == 60
+    fresh = HFEngine(*new, max_batch=4)
+    await fresh.start()
+    try:
+        tail = await fresh.generate(GenerationRequest(
+            prompt=result.prompt_token_ids + result.completion_token_ids[:cut],
+            params=SamplingParams(max_tokens=60 - cut, temperature=0, ignore_eos=True)))
+    finally:
+        await fresh.stop()
+    assert tail.completion_token_ids == result.completion_token_ids[cut:]

@@ -101,6 +101,13 @@ class Generation:
     model: str
     weights_version: int
     reported_usage: dict[str, int] | None = None
+    version_spans: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def versions(self) -> list[tuple[int, int]]:
+        """``(first completion token, weights version)`` of each run of tokens one policy made:
+        one entry, unless new weights arrived while this request was being generated."""
+        return list(self.version_spans) or [(0, self.weights_version)]
 
     @property
     def aborted(self) -> bool:
@@ -223,8 +230,10 @@ class BaseEngine:
         completion_ids: list[int],
         logprobs: list[float] | None,
         finish: FinishReason,
+        spans: list[tuple[int, int]] | None = None,
     ) -> Generation:
-        """Build the final Generation for ``request`` stamped with this engine's identity."""
+        """Build the final Generation for ``request`` stamped with this engine's identity (and,
+        when its tokens came from several weights versions, where each version began)."""
         return Generation(
             request.request_id,
             text,
@@ -235,4 +244,5 @@ class BaseEngine:
             self.name,
             self.model,
             self._version,
+            version_spans=tuple(spans) if spans and len(spans) > 1 else (),
         )

@@ -304,6 +304,7 @@ def step_payload(
         "model": result.model,
         "replica": replica_id,
         "weights_version": result.weights_version,
+        "weights_versions": [list(span) for span in result.versions],
         "usage": result.usage,
         "sampling": {
             "max_tokens": params.max_tokens,

@@ -102,6 +102,7 @@ class HFEngine(ThreadedEngine):
         self.local_files_only = local_files_only
         self.hf_model: Any = None
         self.tokenizer: Any = None
+        self.held: list[Any] = []  # inbox items that arrived during a batch (worker thread only)
 
     async def start(self) -> None:
         """Load the model (from a path/name or the given object) and start the worker thread."""
@@ -134,10 +135,16 @@ class HFEngine(ThreadedEngine):
         self.hf_model.to(self.device).eval()
 
     async def update_weights(self, weights: WeightSource, version: int | None = None) -> int:
-        """Copy new tensors (or a safetensors checkpoint) into the live model between batches."""
+        """Copy new tensors (or a safetensors checkpoint) into the live model between two decode
+        steps. Running requests are not stopped: their KV cache is recomputed under the new
+        weights and they go on; each result says where the version changed."""
         tensors = _safetensors(Path(weights)) if isinstance(weights, (str, Path)) else weights
-        count = await self.on_worker(lambda: self._copy_in(tensors))
-        new = self._next_version(version)
+
+        def swap() -> tuple[int, int]:  # on the worker: no step sees half-copied weights
+            count = self._copy_in(tensors)
+            return count, self._next_version(version)
+
+        count, new = await self.on_worker(swap)
         log.info("hf: loaded %d tensors, weights version %d", count, new)
         return new
 
@@ -167,7 +174,10 @@ class HFEngine(ThreadedEngine):
         """The worker thread: collect waiting requests, run them as one batch, repeat."""
         waiting: list[Pending] = []
         while True:
-            item = self.inbox.get() if not waiting else self._next_nowait()
+            if self.held:  # what arrived during the last batch, in order
+                item = self.held.pop(0)
+            else:
+                item = self.inbox.get() if not waiting else self._next_nowait()
             if item is STOP:
                 break
             if isinstance(item, Pending):
@@ -183,7 +193,8 @@ class HFEngine(ThreadedEngine):
                 log.exception("hf: batch failed")
                 for pending in batch:
                     pending.finish(EngineError(f"hf: generation failed: {exc!r}"))
-        for pending in waiting + self._drain():
+        held = [item for item in self.held if isinstance(item, Pending)]
+        for pending in waiting + held + self._drain():
             pending.finish(self.result(pending.request, "", [], [], [], FinishReason.ABORT))
 
     def _next_nowait(self) -> Any:
@@ -214,8 +225,9 @@ class HFEngine(ThreadedEngine):
 class _Row:
     """One request inside a batch."""
 
-    def __init__(self, pending: Pending, prompt: list[int]) -> None:
+    def __init__(self, pending: Pending, prompt: list[int], version: int) -> None:
         self.pending, self.prompt = pending, prompt
+        self.spans = [(0, version)]  # (first token, weights version) of each run of tokens
         self.out: list[int] = []
         self.logprobs: list[float] = []
         self.text = ""
@@ -238,7 +250,7 @@ class _Batch:
             except Exception as exc:  # a bad prompt fails its own request only
                 pending.finish(EngineError(f"hf: cannot tokenize the prompt: {exc}"))
                 continue
-            self.rows.append(_Row(pending, prompt))
+            self.rows.append(_Row(pending, prompt, engine.version))
         eos = engine.hf_model.generation_config.eos_token_id
         self.eos = set(eos if isinstance(eos, list) else [eos]) - {None}
 
@@ -272,9 +284,44 @@ class _Batch:
                     use_cache=True,
                     **_cache_of(model, out),
                 )
+                if self._run_controls():  # new weights: the cache is the old model's
+                    out, mask, position = self._recompute()
         for row in self.rows:
             if not row.done:
                 self._finish(row, FinishReason.LENGTH)
+
+    def _run_controls(self) -> bool:
+        """Run the calls queued for the worker (weight swaps) between two steps; requests that
+        arrived are held for the next batch. True when the weights version changed."""
+        before = self.engine.version
+        while (item := self.engine._next_nowait()) is not None:
+            if callable(item):
+                item()
+            else:
+                self.engine.held.append(item)  # a request, or STOP: after this batch
+        if self.engine.version == before:
+            return False
+        for row in self.rows:
+            if not row.done:
+                row.spans.append((len(row.out), self.engine.version))
+        return True
+
+    def _recompute(self) -> tuple[Any, Any, Any]:
+        """Prefill every row's prompt and tokens so far under the current weights (the KV cache
+        must be the new model's); the next token is sampled from the returned logits."""
+        import torch
+
+        model, device = self.engine.hf_model, self.engine.device
+        seqs = [row.prompt + row.out for row in self.rows]
+        width = max(len(seq) for seq in seqs)
+        ids = torch.zeros((len(seqs), width), dtype=torch.long, device=device)
+        mask = torch.zeros_like(ids)
+        for i, seq in enumerate(seqs):
+            ids[i, width - len(seq) :] = torch.tensor(seq)
+            mask[i, width - len(seq) :] = 1
+        position = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=position, use_cache=True)
+        return out, mask, position
 
     def _sample(self, logits: np.ndarray) -> list[int]:
         tokens = []
@@ -312,7 +359,13 @@ class _Batch:
         row.done = True
         row.pending.finish(
             self.engine.result(
-                row.pending.request, row.text, row.prompt, row.out, row.logprobs, reason
+                row.pending.request,
+                row.text,
+                row.prompt,
+                row.out,
+                row.logprobs,
+                reason,
+                row.spans,
             )
         )
 
