@@ -62,3 +62,16 @@ def test_calls_that_do_not_continue_start_new_sequences() -> None:
 def test_bad_token_ids_are_named() -> None:
     with pytest.raises(InvalidInput, match="prompt_token_ids"):
         sequences_from_steps([_llm(1, ["x"], [1])])  # type: ignore[list-item]
+
+
+def test_every_token_carries_the_policy_version_that_wrote_it() -> None:
+    """A call that new weights interrupted (spans [[0, 3], [2, 4]]) and a later turn at 5: each
+    token says which policy wrote it, and the sequence's policy_version is the oldest one."""
+    first = _llm(1, [1, 2], [10, 11, 12, 13])
+    first.payload["weights_versions"] = [[0, 3], [2, 4]]
+    later = _llm(2, [1, 2, 10, 11, 12, 13, 9], [20], version=5)
+    (seq,) = sequences_from_steps([first, later])
+    assert seq.token_versions == [3, 3, 3, 3, 4, 4, 5, 5]
+    assert seq.policy_version == 3
+    (solo,) = sequences_from_steps([_llm(1, [1], [2], version=None)])
+    assert solo.token_versions is None and solo.policy_version is None

@@ -46,6 +46,7 @@ class Experience:
     policy_version: int | None
     staleness: int
     finish_reason: str | None = None
+    token_versions: list[int] | None = None
 
 
 class ExperienceStats(Record):
@@ -89,6 +90,7 @@ class TokenSequence:
     finish_reason: str | None = None
     policy_version: int | None = None
     completion_tokens: int = field(default=0)
+    token_versions: list[int] | None = None
 
 
 def _ints(value: Any, what: str) -> list[int]:
@@ -116,6 +118,34 @@ def _version(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def token_versions(payload: Mapping[str, Any], prompt: int, completion: int) -> list[int] | None:
+    """The weights version behind each token of one call: each completion token's from the
+    call's version spans (several when new weights arrived mid-generation), and prompt tokens
+    the version that read them; None when the call did not say."""
+    spans = payload.get("weights_versions")
+    if not spans:
+        version = _version(payload.get("weights_version"))
+        spans = None if version is None else [[0, version]]
+    try:
+        starts = sorted((int(start), int(version)) for start, version in spans or [])
+    except (TypeError, ValueError):
+        return None
+    if not starts:
+        return None
+    out = [starts[0][1]] * prompt
+    at = 0
+    for i in range(completion):
+        while at + 1 < len(starts) and starts[at + 1][0] <= i:
+            at += 1
+        out.append(starts[at][1])
+    return out
+
+
+def _oldest_action(versions: list[int] | None, mask: list[int]) -> int | None:
+    acted = [v for v, m in zip(versions or [], mask, strict=False) if m]
+    return min(acted) if acted else None
+
+
 def sequences_from_steps(steps: Sequence[Step]) -> list[TokenSequence]:
     """Token sequences of a trajectory's LLM calls, merging calls that continue one another."""
     seqs: list[TokenSequence] = []
@@ -134,6 +164,12 @@ def sequences_from_steps(steps: Sequence[Step]) -> list[TokenSequence]:
             and len(prompt) >= len(cur.tokens)
         ):
             gap = prompt[len(cur.tokens) :]
+            versions = token_versions(step.payload, len(prompt), len(completion))
+            cur.token_versions = (
+                None
+                if cur.token_versions is None or versions is None
+                else cur.token_versions + versions[len(cur.tokens) :]
+            )
             cur.tokens += gap + completion
             cur.action_mask += [0] * len(gap) + [1] * len(completion)
             cur.logprobs = (
@@ -150,9 +186,13 @@ def sequences_from_steps(steps: Sequence[Step]) -> list[TokenSequence]:
                 logprobs=None if lps is None else [0.0] * len(prompt) + lps,
                 policy_version=_version(step.payload.get("weights_version")),
                 completion_tokens=len(completion),
+                token_versions=token_versions(step.payload, len(prompt), len(completion)),
             )
             seqs.append(cur)
         cur.finish_reason = step.payload.get("finish_reason") or cur.finish_reason
+    for seq in seqs:  # the oldest policy that wrote any of its tokens
+        oldest = _oldest_action(seq.token_versions, seq.action_mask)
+        seq.policy_version = seq.policy_version if oldest is None else oldest
     return seqs
 
 
@@ -217,6 +257,7 @@ def experiences_for_rollout(
             action_mask=s.action_mask,
             finish_reason=s.finish_reason,
             policy_version=base.policy_version if s.policy_version is None else s.policy_version,
+            token_versions=s.token_versions,
         )
         for i, s in enumerate(sequences_from_steps(steps))
     ] or [base]
@@ -240,6 +281,7 @@ def _schema() -> Any:
             ("policy_version", pa.int64()),
             ("staleness", pa.int32()),
             ("finish_reason", pa.string()),
+            ("token_versions", pa.list_(pa.int64())),
         ]
     )
 
