@@ -52,14 +52,16 @@ def state(seed: int) -> list[tuple[str, Any]]:
     return list(tiny_hf_model(seed=seed)[0].state_dict().items())
 
 
-async def test_a_push_during_generation_fails_none_and_matches_a_fresh_engine(served) -> None:
+@pytest.mark.parametrize("transport", ["http", "file"])
+async def test_a_push_during_generation_fails_none_and_matches_a_fresh_engine(served, transport) -> None:
+    """Over the wire (the body streams) and on this host (shared memory, the path is sent)."""
     from rollfleet.engines.hf import HFEngine, tiny_hf_model
 
     url, gateway, engine = served
     before = await greedy(engine)
     running = [asyncio.create_task(gateway.generate(GenerationRequest(
         prompt=f"p{i}", params=SamplingParams(max_tokens=40, ignore_eos=True)))) for i in range(8)]
-    answer = await push_weights(url, state(1), version=1, token="s3cret")
+    answer = await push_weights(url, state(1), version=1, token="s3cret", transport=transport)
     done = await asyncio.gather(*running)
     assert all(len(g.completion_token_ids) == 40 for g in done)  # none failed or was cut
     assert answer["version"] == 1 and answer["replicas"][0]["weights_version"] == 1
@@ -91,10 +93,10 @@ async def test_bad_tensors_and_corrupt_buckets_are_422_naming_them(served) -> No
     before = await greedy(engine)
     good = state(1)
     with pytest.raises(InvalidInput, match="unknown tensor 'nope'"):
-        await push_weights(url, [*good, ("nope", good[0][1])], version=1, token="s3cret")
+        await push_weights(url, [*good, ("nope", good[0][1].clone())], version=1, token="s3cret")
     misshaped = [(n, t[:1] if n == "model.norm.weight" else t) for n, t in good]
     with pytest.raises(InvalidInput, match="'model.norm.weight' has shape"):
-        await push_weights(url, misshaped, version=1, token="s3cret")
+        await push_weights(url, misshaped, version=1, token="s3cret", transport="http")
     raw = bytearray(b"".join(bytes(p) for p in encode(good)))
     raw[-100] ^= 0x01
     async with httpx.AsyncClient() as client:
@@ -150,3 +152,32 @@ async def test_in_process_push_goes_straight_to_the_gateway(served) -> None:
     _, gateway, engine = served
     answer = await push_weights(gateway, state(3), version=2)
     assert answer["version"] == 2 and engine.version == 2
+
+
+async def test_a_push_file_must_be_one_this_user_wrote_in_the_push_directory(served, tmp_path) -> None:
+    """The path a client names is untrusted: only a regular file of the server's user, named
+    like a push file, directly in the push directory, is read."""
+    import os
+
+    from rollfleet.engines.weights import FILE_HEADER, push_dir, write_push_file
+
+    url, _, engine = served
+    real = write_push_file(state(1), 1 << 20)
+    link = os.path.join(push_dir(), "rollfleet-weights-" + "0" * 32 + ".rfw")
+    os.symlink(real, link)
+    elsewhere = tmp_path / os.path.basename(real)
+    elsewhere.write_bytes(open(real, "rb").read())
+    try:
+        async with httpx.AsyncClient() as client:
+            for path, why in [(link, "cannot open"), (str(elsewhere), "not a push file"),
+                              ("/etc/passwd", "not a push file"),
+                              (os.path.join(push_dir(), "..", "x.rfw"), "not a push file")]:
+                reply = await client.put(weights_url(url, 1), headers={
+                    FILE_HEADER: path, "authorization": "Bearer s3cret"})
+                assert reply.status_code == 422 and why in reply.json()["error"]["message"], path
+            reply = await client.put(weights_url(url, 1), headers={
+                FILE_HEADER: real, "authorization": "Bearer s3cret"})
+            assert reply.status_code == 200 and engine.version == 1
+    finally:
+        os.unlink(link)
+        os.unlink(real)

@@ -350,8 +350,9 @@ def gateway_router(gateway: Gateway, token: str | None = None) -> APIRouter:
     @router.put("/v1/rollfleet/weights/{version}")
     async def weights(version: int, request: Request) -> Response:
         """Install new weights on every replica: the body is a push (rollfleet.engines.weights),
-        applied once it has all arrived intact; 409 for a version that is not newer."""
-        from rollfleet.engines.weights import decode
+        or the header X-Rollfleet-Weights-File names one a client on this host wrote to shared
+        memory; applied once it has all arrived intact; 409 for a version that is not newer."""
+        from rollfleet.engines.weights import FILE_HEADER, decode, mapped_push_file
 
         try:
             if not 0 < version < 2**63:
@@ -360,8 +361,14 @@ def gateway_router(gateway: Gateway, token: str | None = None) -> APIRouter:
                 raise Conflict(
                     f"weights version {version} is not newer than {gateway.weights_version}"
                 )
-            tensors = await decode(request.stream())
-            answer = await gateway.update_weights(tensors, version)
+            path = request.headers.get(FILE_HEADER)
+            if path is None:  # the push is the body
+                answer = await gateway.update_weights(await decode(request.stream()), version)
+            else:  # a client on this host wrote it to shared memory
+                with mapped_push_file(path) as view:
+                    tensors = await decode(view)
+                    answer = await gateway.update_weights(tensors, version)
+                    del tensors  # before the mapping closes
         except RollfleetError as exc:
             return _error(exc)
         return Response(orjson.dumps(answer), media_type="application/json")

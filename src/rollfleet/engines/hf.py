@@ -95,6 +95,7 @@ class HFEngine(ThreadedEngine):
         device: str = "cpu",
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         local_files_only: bool = True,
+        interruptible: bool = True,
     ) -> None:
         super().__init__(model if isinstance(model, str) else type(model).__name__)
         self._source, self._tokenizer_source = model, tokenizer
@@ -103,6 +104,7 @@ class HFEngine(ThreadedEngine):
         self.hf_model: Any = None
         self.tokenizer: Any = None
         self.held: list[Any] = []  # inbox items that arrived during a batch (worker thread only)
+        self.interruptible = interruptible  # False: a swap waits for the running batch to end
 
     async def start(self) -> None:
         """Load the model (from a path/name or the given object) and start the worker thread."""
@@ -284,7 +286,7 @@ class _Batch:
                     use_cache=True,
                     **_cache_of(model, out),
                 )
-                if self._run_controls():  # new weights: the cache is the old model's
+                if self.engine.interruptible and self._run_controls():  # the cache is stale
                     out, mask, position = self._recompute()
         for row in self.rows:
             if not row.done:

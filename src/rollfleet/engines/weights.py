@@ -20,12 +20,19 @@ allow-list, and each tensor's byte count must equal its shape times its element 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import mmap
+import os
+import re
 import struct
+import tempfile
+import uuid
 import zlib
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from rollfleet.engines.buckets import bucket_tensors
 from rollfleet.errors import InvalidInput
@@ -36,6 +43,8 @@ MAX_BUCKET = 4 << 30  # bytes of one bucket's payload
 MAX_TENSORS = 1_000_000
 MAX_TOTAL = 256 << 30  # bytes of one push
 PUSH_BUCKET_BYTES = 64 << 20  # small enough to checksum while the next one is on the wire
+FILE_HEADER = "x-rollfleet-weights-file"
+FILE_NAME = re.compile(r"rollfleet-weights-[0-9a-f]{32}\.rfw")
 DTYPES = {
     "float32": 4, "float16": 2, "bfloat16": 2, "float64": 8,
     "int8": 1, "uint8": 1, "int16": 2, "int32": 4, "int64": 8, "bool": 1,
@@ -124,17 +133,19 @@ def _tensor_header(entry: Any) -> TensorHeader:
 
 
 class _Reader:
-    """Exact-size reads over an async stream of byte chunks."""
+    """Exact-size reads over an async stream of byte chunks (an HTTP body)."""
 
     def __init__(self, chunks: AsyncIterator[bytes]) -> None:
         self.chunks = chunks
         self.buffer = bytearray()
         self.total = 0
 
-    async def read_into(self, target: memoryview) -> None:
-        """Fill ``target`` exactly; InvalidInput if the stream ends first."""
+    async def take(self, n: int) -> bytearray | memoryview:
+        """The next ``n`` bytes, in a buffer of their own; InvalidInput if the stream ends first."""
+        out = bytearray(n)
+        target = memoryview(out)
         filled = 0
-        while filled < len(target):
+        while filled < n:
             if not self.buffer:
                 chunk = await anext(self.chunks, None)
                 if chunk is None:
@@ -143,16 +154,11 @@ class _Reader:
                 if self.total > MAX_TOTAL + MAX_HEADER:
                     raise InvalidInput(f"weights: a push is at most {MAX_TOTAL} bytes")
                 self.buffer += chunk
-            take = min(len(self.buffer), len(target) - filled)
-            target[filled : filled + take] = self.buffer[:take]
-            del self.buffer[:take]
-            filled += take
-
-    async def read(self, n: int) -> bytes:
-        """The next ``n`` bytes."""
-        out = bytearray(n)
-        await self.read_into(memoryview(out))
-        return bytes(out)
+            step = min(len(self.buffer), n - filled)
+            target[filled : filled + step] = self.buffer[:step]
+            del self.buffer[:step]
+            filled += step
+        return out
 
     async def at_end(self) -> bool:
         """True when nothing follows."""
@@ -164,33 +170,51 @@ class _Reader:
         return False
 
 
-async def decode(chunks: AsyncIterator[bytes]) -> list[tuple[str, Any]]:
-    """Every named tensor of a push body (torch tensors over the received bytes), once the end
-    marker arrived and each bucket's checksum matched; InvalidInput otherwise."""
+class _BufferReader:
+    """The same reads over a buffer already in memory (a push file, mapped): no copies."""
+
+    def __init__(self, view: memoryview) -> None:
+        self.view, self.at = view, 0
+
+    async def take(self, n: int) -> bytearray | memoryview:
+        """A view of the next ``n`` bytes."""
+        if self.at + n > len(self.view):
+            raise InvalidInput("weights: the push file ends before its end marker")
+        self.at += n
+        return self.view[self.at - n : self.at]
+
+    async def at_end(self) -> bool:
+        """True when nothing follows."""
+        return self.at == len(self.view)
+
+
+async def decode(chunks: AsyncIterator[bytes] | memoryview) -> list[tuple[str, Any]]:
+    """Every named tensor of a push (an HTTP body's chunks, or a mapped push file), as torch
+    tensors over the received bytes, once the end marker arrived and each bucket's checksum
+    matched; InvalidInput otherwise."""
     import torch
 
-    reader = _Reader(chunks)
-    if await reader.read(len(MAGIC)) != MAGIC:
+    reader = _BufferReader(chunks) if isinstance(chunks, memoryview) else _Reader(chunks)
+    if bytes(await reader.take(len(MAGIC))) != MAGIC:
         raise InvalidInput("weights: the body does not start with the RFW1 magic")
     out: list[tuple[str, Any]] = []
     seen: set[str] = set()
     total = 0
     index = 0
     while True:
-        (length,) = struct.unpack("<I", await reader.read(4))
+        (length,) = struct.unpack("<I", await reader.take(4))
         if length == 0:
             break
         if length > MAX_HEADER:
             raise InvalidInput(f"weights: bucket {index} header: {length} bytes, max {MAX_HEADER}")
-        headers, crc = parse_header(await reader.read(length))
+        headers, crc = parse_header(bytes(await reader.take(length)))
         size = sum(h.nbytes for h in headers)
         total += size
         if size > MAX_BUCKET or total > MAX_TOTAL:
             raise InvalidInput(f"weights: bucket {index} of {size} bytes is over the limits")
         if len(out) + len(headers) > MAX_TENSORS:
             raise InvalidInput(f"weights: more than {MAX_TENSORS} tensors")
-        payload = bytearray(size)
-        await reader.read_into(memoryview(payload))
+        payload = await reader.take(size)
         if zlib.crc32(payload) != crc:
             raise InvalidInput(f"weights: bucket {index} is corrupt (checksum mismatch)")
         offset = 0
@@ -211,6 +235,60 @@ async def decode(chunks: AsyncIterator[bytes]) -> list[tuple[str, Any]]:
     return out
 
 
+def push_dir() -> str:
+    """Where same-host pushes are written: shared memory where there is some."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
+def write_push_file(tensors: Iterable[tuple[str, Any]], bucket_bytes: int) -> str:
+    """Write a push to a new file of this user's in :func:`push_dir`; return its path."""
+    path = os.path.join(push_dir(), f"rollfleet-weights-{uuid.uuid4().hex}.rfw")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with open(fd, "wb", closefd=True) as f:
+            for part in encode(tensors, bucket_bytes):
+                f.write(part)
+    except BaseException:
+        os.unlink(path)
+        raise
+    return path
+
+
+@contextlib.contextmanager
+def mapped_push_file(path: str) -> Iterator[memoryview]:
+    """A push file named by a client on this host, mapped (copy-on-write, so tensors can be made
+    over it without a copy): only a regular file of this process's user, named like the files
+    :func:`write_push_file` makes, directly in :func:`push_dir`; InvalidInput otherwise."""
+    name = os.path.basename(path)
+    if os.path.dirname(path) != push_dir() or not FILE_NAME.fullmatch(name):
+        raise InvalidInput(f"weights: {path!r} is not a push file in {push_dir()}")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise InvalidInput(f"weights: cannot open {path!r}: {exc.strerror}") from exc
+    try:
+        info = os.fstat(fd)
+        if not stat_is_regular(info.st_mode) or info.st_uid != os.geteuid():
+            raise InvalidInput(f"weights: {path!r} is not a regular file of this server's user")
+        if not 0 < info.st_size <= MAX_TOTAL + MAX_HEADER:
+            raise InvalidInput(f"weights: {path!r} has {info.st_size} bytes")
+        mapped = mmap.mmap(fd, info.st_size, access=mmap.ACCESS_COPY)
+    finally:
+        os.close(fd)
+    try:
+        yield memoryview(mapped)
+    finally:
+        with contextlib.suppress(BufferError):  # tensors still over it: the GC unmaps it
+            mapped.close()
+
+
+def stat_is_regular(mode: int) -> bool:
+    """True for a regular file's ``st_mode``."""
+    import stat
+
+    return stat.S_ISREG(mode)
+
+
 def weights_url(base_url: str, version: int) -> str:
     """The push URL of a gateway (base URL with or without ``/v1``)."""
     base = base_url.rstrip("/").removesuffix("/v1")
@@ -225,17 +303,52 @@ async def push_weights(
     token: str | None = None,
     bucket_bytes: int = PUSH_BUCKET_BYTES,
     progress: bool = False,
+    transport: str = "auto",
 ) -> dict[str, Any]:
     """Send named tensors as weights ``version`` to a gateway: a :class:`Gateway` in this
-    process, or its URL (one streamed request). Returns the gateway's answer: the version and
-    each replica's pause. Raises what the gateway refused with (Conflict for a version that is
-    not newer, InvalidInput for a bad tensor or bucket)."""
+    process, or its URL. To a URL on this host (``transport="auto"``, or ``"file"``) the push
+    is written to shared memory and only its path is sent; elsewhere (or ``"http"``) it streams
+    in the request body. Returns the gateway's answer: the version and each replica's time to
+    install. Raises what the gateway refused with (Conflict for a version that is not newer,
+    InvalidInput for a bad tensor or bucket)."""
     from rollfleet.engines.gateway import Gateway
 
-    named = list(tensors)
+    named = _untied(tensors)
     if isinstance(target, Gateway):
         return await target.update_weights(named, version)
+    host = urlsplit(str(target)).hostname
+    if transport == "file" or (transport == "auto" and host in ("127.0.0.1", "localhost", "::1")):
+        return await _push_file(str(target), named, version, token, bucket_bytes)
     return await _push_http(str(target), named, version, token, bucket_bytes, progress)
+
+
+def _untied(tensors: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """Named tensors without the second name of a tied one (an LM head sharing the embedding's
+    storage): the receiver's model ties them too, so one copy installs both."""
+    out, seen = [], set()
+    for name, tensor in tensors:
+        key = None
+        if hasattr(tensor, "data_ptr") and tensor.numel():
+            key = (tensor.data_ptr(), tuple(tensor.shape), str(tensor.dtype))
+        if key is not None and key in seen:
+            continue
+        seen.add(key)
+        out.append((name, tensor))
+    return out
+
+
+async def _push_file(
+    url: str, named: list[tuple[str, Any]], version: int, token: str | None, bucket_bytes: int
+) -> dict[str, Any]:
+    """Same host: write the push to shared memory and send only its path."""
+    import asyncio
+
+    path = await asyncio.to_thread(write_push_file, named, bucket_bytes)
+    try:
+        return await _put(url, version, token, None, {FILE_HEADER: path})
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 async def _push_http(
@@ -246,11 +359,9 @@ async def _push_http(
     bucket_bytes: int,
     progress: bool,
 ) -> dict[str, Any]:
-    import httpx
     from rich.progress import DownloadColumn, Progress, TransferSpeedColumn
 
     from rollfleet.engines.buckets import tensor_nbytes
-    from rollfleet.web.errors import error_named
 
     size = sum(tensor_nbytes(t) for _, t in named)
     bar = Progress(*Progress.get_default_columns(), DownloadColumn(), TransferSpeedColumn(),
@@ -262,13 +373,22 @@ async def _push_http(
             yield part if isinstance(part, bytes) else part.tobytes()  # httpx sends bytes only
             bar.advance(task, part.nbytes if isinstance(part, memoryview) else 0)
 
-    headers = {"content-type": "application/octet-stream"}
+    with bar:
+        return await _put(url, version, token, body(), {"content-type": "application/octet-stream"})
+
+
+async def _put(
+    url: str, version: int, token: str | None, content: Any, headers: dict[str, str]
+) -> dict[str, Any]:
+    import httpx
+
+    from rollfleet.web.errors import error_named
+
     if token:
         headers["authorization"] = f"Bearer {token}"
     timeout = httpx.Timeout(connect=30.0, read=None, write=None, pool=None)
-    with bar:
-        async with httpx.AsyncClient(timeout=timeout) as client:
-            reply = await client.put(weights_url(url, version), content=body(), headers=headers)
+    async with httpx.AsyncClient(timeout=timeout) as client:
+        reply = await client.put(weights_url(url, version), content=content, headers=headers)
     answer: dict[str, Any] = reply.json()
     if reply.status_code != 200:
         error = answer.get("error") or {}

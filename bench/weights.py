@@ -1,0 +1,187 @@
+"""Weights from a trainer into the fleet: ``python -m bench weights``.
+
+The model has SmolLM2-135M's shape (30 layers, 576 wide, 49,152 tokens: 134.5M parameters,
+fp32 as the CPU engine holds it), built from its config with random weights: what is measured is
+moving and installing tensors, which depends on their sizes only.
+
+1. Sync throughput, in alternating rounds: pushing the state dict over HTTP to a gateway in
+   another process (``PUT /v1/rollfleet/weights/{v}``: framing, CRC, the socket, decoding, the
+   copy into the live model) against a plain in-memory copy of the same tensors into a model of
+   the same shape in this process (the physical limit here). Also the time the engine's worker
+   spent installing them: the time generation stops.
+2. Tokens/s kept under a weight swap every ``SWAP_EVERY_S`` with 8 concurrent generations on the
+   HF engine, for: no swaps; interruptible swaps (the default: KV recomputed, generation goes
+   on); drain-and-swap (the swap waits for the running batch); abort-and-retry (running
+   requests are aborted, the swap installed, the requests started again: their tokens so far are
+   thrown away). Also the tokens the old policy generated after a newer one was sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import subprocess
+import time
+from typing import Any
+
+from bench._common import PY, ROOT, free_port, table, write_results
+
+COMMAND = "python -m bench weights"
+ROUNDS = 3
+WINDOW_S, SWAP_EVERY_S, CONCURRENT, MAX_TOKENS = 20.0, 5.0, 8, 48
+
+
+def smollm2_135m(seed: int = 0) -> tuple[Any, Any]:
+    """A random-weight model of SmolLM2-135M's shape and a byte-level tokenizer (offline)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rollfleet.engines.hf import tiny_hf_model
+
+    _, tokenizer = tiny_hf_model()
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                         num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                         max_position_embeddings=2048, tie_word_embeddings=True,
+                         eos_token_id=2, pad_token_id=0, bos_token_id=0)
+    return LlamaForCausalLM(config).eval(), tokenizer
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+async def _sync() -> dict[str, Any]:
+    import torch
+
+    from rollfleet.engines.weights import _untied, push_weights
+
+    source = _untied(smollm2_135m(seed=1)[0].state_dict().items())  # the LM head is tied
+    target = smollm2_135m(seed=2)[0].state_dict()
+    mb = sum(t.numel() * t.element_size() for _, t in source) / 1e6
+    port = free_port()
+    server = subprocess.Popen([PY, "-m", "bench._weights_server", str(port)], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        url = (await asyncio.to_thread(server.stdout.readline)).strip()  # type: ignore[union-attr]
+        await asyncio.sleep(0)
+        copy_s, push_s, install_s = [], [], []
+        for version in range(1, ROUNDS + 1):
+            started = time.perf_counter()
+            with torch.no_grad():
+                for name, tensor in source:
+                    target[name].copy_(tensor)
+            copy_s.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            answer = await _push_when_up(push_weights, url, source, version)  # same host: file
+            push_s.append(time.perf_counter() - started)
+            install_s.append(answer["update_s"]["hf-0"])
+            print(f"round {version}: memcpy {copy_s[-1]:.3f} s, push {push_s[-1]:.3f} s", flush=True)
+    finally:
+        server.kill()
+        server.wait()
+    return {"megabytes": mb, "memcpy_s": _spread(copy_s), "push_s": _spread(push_s),
+            "install_s": _spread(install_s),
+            "memcpy_mb_s": mb / statistics.median(copy_s), "push_mb_s": mb / statistics.median(push_s),
+            "push_vs_memcpy": statistics.median(copy_s) / statistics.median(push_s)}
+
+
+async def _push_when_up(push: Any, url: str, source: Any, version: int) -> dict[str, Any]:
+    import httpx
+
+    for _ in range(600):  # the server prints its URL before the socket listens
+        try:
+            result: dict[str, Any] = await push(url, source, version)
+            return result
+        except httpx.ConnectError:
+            await asyncio.sleep(0.1)
+    raise RuntimeError("the weights server never listened")
+
+
+async def _swaps(mode: str, model: Any, tokenizer: Any, new_states: list[Any]) -> dict[str, Any]:
+    from rollfleet.engines.base import GenerationRequest, SamplingParams
+    from rollfleet.engines.hf import HFEngine
+
+    engine = HFEngine(model, tokenizer, max_batch=CONCURRENT, interruptible=mode != "drain")
+    await engine.start()
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, temperature=1.0)
+    useful = wasted = stale = 0
+    sent_at: list[float] = []
+    deadline = time.monotonic() + WINDOW_S
+
+    async def client(i: int) -> None:
+        nonlocal useful, wasted, stale
+        n = 0
+        while time.monotonic() < deadline:
+            n += 1
+            result = await engine.generate(GenerationRequest(prompt=f"c{i} r{n}", params=params))
+            if result.aborted and mode == "abort":
+                wasted += len(result.completion_token_ids)
+                continue
+            useful += len(result.completion_token_ids)
+            newest = len([t for t in sent_at if t <= time.monotonic()])
+            for start, version in result.versions:
+                if version < newest:  # generated by a policy older than the newest one sent
+                    stale += len(result.completion_token_ids) - start
+                    break
+
+    async def trainer() -> None:
+        for version, state in enumerate(new_states, start=1):
+            await asyncio.sleep(SWAP_EVERY_S)
+            if time.monotonic() >= deadline:
+                return
+            sent_at.append(time.monotonic())
+            if mode == "abort":
+                await engine.abort(None)
+            await engine.update_weights(state, version)
+
+    started = time.monotonic()
+    try:
+        await asyncio.gather(*(client(i) for i in range(CONCURRENT)),
+                             *([] if mode == "none" else [trainer()]))
+    finally:
+        await engine.stop()
+    elapsed = time.monotonic() - started
+    return {"tokens_per_s": useful / elapsed, "wasted_tokens": wasted, "stale_tokens": stale,
+            "swaps": len(sent_at)}
+
+
+async def _all_swaps() -> dict[str, Any]:
+    model, tokenizer = smollm2_135m(seed=0)
+    states = [list(smollm2_135m(seed=s)[0].state_dict().items()) for s in (1, 2, 3)]
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in ("none", "interruptible", "drain", "abort")}
+    for r in range(2):
+        for mode in runs:
+            result = await _swaps(mode, model, tokenizer, states)
+            runs[mode].append(result)
+            print(f"round {r + 1} {mode}: {result}", flush=True)
+    base = statistics.median(x["tokens_per_s"] for x in runs["none"])
+    return {mode: {"rounds": rs, "tokens_per_s": _spread([x["tokens_per_s"] for x in rs]),
+                   "kept_vs_no_swaps": statistics.median(x["tokens_per_s"] for x in rs) / base,
+                   "wasted_tokens": statistics.median(x["wasted_tokens"] for x in rs),
+                   "stale_tokens": statistics.median(x["stale_tokens"] for x in rs)}
+            for mode, rs in runs.items()}
+
+
+def main() -> dict[str, Any]:
+    """Run both parts; print and write bench/results/weights.json."""
+    sync = asyncio.run(_sync())
+    swaps = asyncio.run(_all_swaps())
+    table("weight sync, SmolLM2-135M shape, fp32: median [range]", ["figure", "value"], [
+        ["state dict", f"{sync['megabytes']:.0f} MB"],
+        ["in-memory copy (the limit here)", f"{sync['memcpy_mb_s']:.0f} MB/s"],
+        ["push over HTTP to a gateway in another process", f"{sync['push_mb_s']:.0f} MB/s"],
+        ["push / in-memory copy", f"{sync['push_vs_memcpy']:.2f}x"],
+        ["generation stopped while installing (HF)", f"{sync['install_s']['median'] * 1000:.0f} ms"],
+    ])
+    table(f"{CONCURRENT} generations, a swap every {SWAP_EVERY_S:.0f} s over {WINDOW_S:.0f} s", [
+        "mode", "tokens/s", "kept vs no swaps", "tokens thrown away", "tokens by a stale policy"],
+        [[m, f"{f['tokens_per_s']['median']:.1f}", f"{f['kept_vs_no_swaps']:.2f}x", f"{f['wasted_tokens']:.0f}",
+          f"{f['stale_tokens']:.0f}"] for m, f in swaps.items()])
+    return write_results("weights", {"sync": sync, "swaps": swaps,
+                                     "window_s": WINDOW_S, "swap_every_s": SWAP_EVERY_S,
+                                     "concurrent": CONCURRENT, "max_tokens": MAX_TOKENS}, COMMAND)
+
+
+if __name__ == "__main__":
+    main()
