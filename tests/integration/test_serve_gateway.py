@@ -51,3 +51,22 @@ async def test_llm_calls_are_recorded_as_steps(tmp_path: Path) -> None:
         await store.close()
     finally:
         server.stop()
+
+
+def test_status_shows_each_engine_and_its_weights_version(tmp_path: Path) -> None:
+    require(llama_available(), "llama-cpp-python and the bundled SmolLM2 model (rollfleet[llamacpp])")
+    import subprocess
+    import sys
+
+    server = ServerThread(f"sqlite:///{tmp_path}/s.db", parts=control_plane_parts(engine=EngineOptions("llamacpp"))).start(
+        timeout=120)
+    try:
+        done = subprocess.run([sys.executable, "-m", "rollfleet.cli", "status", "--store", server.url],
+                              capture_output=True, text=True, timeout=60, check=False,
+                              env={**__import__("os").environ, "COLUMNS": "200"})
+    finally:
+        server.stop()
+    assert done.returncode == 0, done.stderr
+    assert "Engines (1)" in done.stdout and "weights version" in done.stdout
+    row = next(line for line in done.stdout.splitlines() if "llamacpp" in line and "SmolLM2" in line)
+    assert "│ 0 " in row and "0/" in row

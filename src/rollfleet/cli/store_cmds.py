@@ -184,6 +184,38 @@ def status(store: str = StoreOpt, token: str = TokenOpt) -> None:
         pools = run(fetch_pool_stats(f"{url.rstrip('/')}/pools", token=token_of(token)))
         if pools:
             console.print(pool_stats_table(pools))
+        replicas = run(_replicas(url, token_of(token)))
+        if replicas:
+            console.print(_replica_table(replicas))
+
+
+async def _replicas(url: str, token: str | None) -> list[dict[str, Any]]:
+    """The engine replicas of a control plane serving a gateway ([] when it serves none)."""
+    import httpx
+
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    async with httpx.AsyncClient(headers=headers, timeout=30.0) as client:
+        reply = await client.get(f"{url.rstrip('/')}/v1/rollfleet/replicas")
+    if reply.status_code != 200:
+        return []  # no gateway mounted here
+    found: list[dict[str, Any]] = reply.json().get("replicas", [])
+    return found
+
+
+def _replica_table(replicas: list[dict[str, Any]]) -> Table:
+    table = Table(title=f"Engines ({len(replicas)})")
+    for col in ("replica", "engine", "model", "weights version", "in flight", "served"):
+        table.add_column(col)
+    for r in replicas:
+        table.add_row(
+            str(r.get("replica_id")),
+            str(r.get("engine")),
+            str(r.get("model")),
+            str(r.get("weights_version")),
+            f"{r.get('in_flight')}/{r.get('capacity')}",
+            str(r.get("served")),
+        )
+    return table
 
 
 def rollouts(
