@@ -3,17 +3,23 @@
 This is composition, so it lives at the top, beside the CLI: the service layer (``server/``) knows
 only :class:`~rollfleet.server.parts.ServerParts`, and every part wired here (the batch coordinator,
 hosted pools, the engines behind an OpenAI-compatible gateway) sits above it. Each part is optional;
-the dashboard's side panels show whatever is mounted, and "none configured" otherwise.
+the dashboard's side panels show whatever is mounted, and "none configured" otherwise. With a
+gateway mounted, the coordinator's abort hook is the gateway's: cancelling a running rollout (a
+batch abort, the ``cancel`` policy) also ends its LLM calls in flight.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollfleet.server.parts import PartsFactory, ServerParts
 from rollfleet.store.base import Store
+
+if TYPE_CHECKING:
+    from rollfleet.coordinator.coordinator import AbortHook
+    from rollfleet.engines.gateway import Gateway
 
 
 @dataclass(frozen=True)
@@ -29,7 +35,7 @@ class EngineOptions:
 
 def mount_gateway(
     store: Store, options: EngineOptions, parts: ServerParts, extras: dict[str, Any]
-) -> None:
+) -> Gateway:
     """Mount the gateway now, start its engines as the app starts; each LLM call becomes a Step."""
     from rollfleet.engines.factory import make_engine
     from rollfleet.engines.gateway import Gateway
@@ -51,6 +57,17 @@ def mount_gateway(
     parts.on_startup.append(start_engines)
     parts.on_shutdown.append(gateway.close)
     extras["engines"] = gateway.replicas
+    return gateway
+
+
+def abort_generations(gateway: Gateway) -> AbortHook:
+    """The coordinator's abort hook: a cancelled rollout's calls in flight end now, each with its
+    partial output (``finish_reason`` ``abort``)."""
+
+    async def abort(rollout_id: str) -> None:
+        await gateway.abort(rollout_id)
+
+    return abort
 
 
 def mount_pools(config: Path, parts: ServerParts, extras: dict[str, Any]) -> None:
@@ -63,12 +80,17 @@ def mount_pools(config: Path, parts: ServerParts, extras: dict[str, Any]) -> Non
     extras["pools"] = lambda: [s.model_dump(mode="json") for s in registry.stats()]
 
 
-def mount_batches(store: Store, parts: ServerParts, extras: dict[str, Any]) -> None:
-    """Serve the batch coordinator at ``/batches``; persisted batches resume as the app starts."""
+def mount_batches(
+    store: Store, parts: ServerParts, extras: dict[str, Any], abort_hook: AbortHook | None = None
+) -> None:
+    """Serve the batch coordinator at ``/batches``; persisted batches resume as the app starts.
+
+    ``abort_hook`` (the mounted gateway's, when there is one) stops the generations of the
+    rollouts a batch abort or the ``cancel`` policy cancels."""
     from rollfleet.coordinator import RolloutCoordinator
     from rollfleet.coordinator.service import coordinator_router
 
-    coordinator = RolloutCoordinator(store)
+    coordinator = RolloutCoordinator(store, abort_hook=abort_hook)
     parts.routers.append(("/batches", coordinator_router(coordinator)))
     parts.on_startup.append(coordinator.prepare)
     parts.on_shutdown.append(coordinator.shutdown)
@@ -96,11 +118,12 @@ def control_plane(
 
     parts = ServerParts()
     extras = dict(extras or {})
+    abort_hook = None
     if engine is not None:
-        mount_gateway(store, engine, parts, extras)
+        abort_hook = abort_generations(mount_gateway(store, engine, parts, extras))
     if pools is not None:
         mount_pools(pools, parts, extras)
-    mount_batches(store, parts, extras)
+    mount_batches(store, parts, extras, abort_hook)
     parts.routers.append(("", dashboard_router(store, extras)))
     return parts
 

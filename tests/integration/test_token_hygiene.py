@@ -14,10 +14,12 @@ ROLLFLEET = str(Path(sys.executable).with_name("rollfleet"))
 
 
 def test_runner_children_get_the_token_in_their_environment_not_their_argv() -> None:
-    fleet = LocalFleet("http://127.0.0.1:1", "rollfleet.agents.sleep", n=1, token="s3cret-token")
+    fleet = LocalFleet("http://127.0.0.1:1", "rollfleet.agents.sleep", n=1, token="s3cret-token",
+                       llm_token="sk-llm-key", extra_args=["--llm-url", "http://127.0.0.1:2/v1"])
     argv = fleet._argv(fleet.children[0])
-    assert not any("s3cret-token" in arg for arg in argv)
+    assert not any("s3cret-token" in arg or "sk-llm-key" in arg for arg in argv)
     assert fleet._env()["ROLLFLEET_TOKEN"] == "s3cret-token"
+    assert fleet._env()["ROLLFLEET_LLM_TOKEN"] == "sk-llm-key"
 
 
 @pytest.mark.parametrize(

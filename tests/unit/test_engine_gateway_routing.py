@@ -143,3 +143,25 @@ async def test_engine_gateway_a_refused_recording_fails_the_call() -> None:
     with pytest.raises(Conflict, match="at-old is no longer current"):
         await gateway.generate(GenerationRequest(prompt="x"), "ro-1", "at-old")
     assert gateway.in_flight == 0 and gateway.router.replicas["echo-1"].in_flight == 0
+
+
+async def test_engine_gateway_an_aborted_call_of_a_fenced_attempt_still_returns_its_partial_output() -> None:
+    from rollfleet.errors import Conflict
+
+    refused: list[str] = []
+
+    async def fenced(rollout_id: str, attempt_id: str, step: StepIn) -> None:
+        refused.append(step.payload["finish_reason"])  # cancelled in the store before the abort
+        raise Conflict(f"attempt {attempt_id} is cancelled")
+
+    gateway = Gateway(fenced)
+    gateway.add_replica(EchoEngine(token_delay_s=0.01))
+    long = SamplingParams(max_tokens=10_000, ignore_eos=True)
+    items = gateway.stream(GenerationRequest(prompt="x", params=long), "ro-1", "at-cancelled")
+    assert not isinstance(await anext(items), Generation)  # generating now
+    aborting = asyncio.create_task(gateway.abort("ro-1"))
+    rest = [item async for item in items]
+    assert await aborting == 1 and refused == ["abort"]
+    result = rest[-1]
+    assert isinstance(result, Generation) and result.aborted and 1 <= len(result.completion_token_ids) < 10_000
+    assert gateway.in_flight == 0

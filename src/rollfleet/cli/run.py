@@ -80,6 +80,13 @@ def run_command(
     engine: str = typer.Option(
         None, "--engine", help="an OpenAI-compatible base URL to use instead of starting llama.cpp"
     ),
+    llm_token: str = typer.Option(
+        None,
+        "--llm-token",
+        envvar="ROLLFLEET_LLM_TOKEN",
+        help="API key for --engine (default: OPENAI_API_KEY); runners get it in their "
+        "environment, never on a command line",
+    ),
     max_turns: int = typer.Option(100, "--max-turns", help="turns per rollout"),
     max_retries: int = typer.Option(
         3, "--max-retries", help="retries per turn (engine errors, unreadable calls)"
@@ -165,6 +172,7 @@ def run_command(
         limit=limit,
         store=store,
         token=token,
+        llm_token=llm_token,
         desktop=desktop,
         engine_per_runner=engine_per_runner,
         unsafe_sandbox=unsafe_sandbox,

@@ -10,6 +10,8 @@ from rollfleet.engines.gateway_app import ATTEMPT_HEADER, ROLLOUT_HEADER
 
 # No read timeout: a long generation must never be cut by a client default.
 LLM_TIMEOUT = httpx.Timeout(connect=30.0, read=None, write=60.0, pool=None)
+# Sent when no key is given: OpenAI's client refuses to start without one. Never replaces a key.
+NO_KEY = "rollfleet"
 
 
 def gateway_v1_url(base_url: str) -> str:
@@ -44,7 +46,10 @@ def llm_client(
 
     Calls carry ``X-Rollfleet-Rollout``/``X-Rollfleet-Attempt`` so the gateway records them
     as Steps of that attempt. Retries are off (a retried generation would be recorded twice)
-    and reads never time out. Pass ``http_client=SharedPool()`` to share one pool.
+    and reads never time out. Pass ``http_client=SharedPool()`` to share one pool. ``token`` is
+    the API key sent as the bearer token; without one a placeholder is sent, which only a server
+    that checks no key accepts (a gateway started without ``--token``, like the one
+    ``rollfleet run`` starts).
     """
     import openai
 
@@ -55,7 +60,7 @@ def llm_client(
     }
     return openai.AsyncOpenAI(
         base_url=gateway_v1_url(base_url),
-        api_key=token or "rollfleet",
+        api_key=token or NO_KEY,
         default_headers=headers,
         timeout=kwargs.pop("timeout", LLM_TIMEOUT),
         max_retries=kwargs.pop("max_retries", 0),

@@ -9,7 +9,9 @@ removed at run time.
 
 Recording: every call made on behalf of a rollout attempt becomes one ``StepIn(kind="llm")``
 handed to the ``recorder`` callback the gateway was built with (the control plane wires it
-to the store's ``add_steps``). An aborted call is recorded too, with its partial tokens.
+to the store's ``add_steps``). An aborted call is recorded too, with its partial tokens, unless
+its attempt no longer owns the rollout (a cancelled rollout: cancelling comes before the abort);
+then the refusal is logged and the caller still gets the partial output.
 """
 
 from __future__ import annotations
@@ -282,7 +284,12 @@ class Gateway:
             payload=step_payload(request, result, latency_s, replica.replica_id),
             timestamp=time.time(),
         )
-        await self.recorder(rollout_id, attempt_id, step)
+        try:
+            await self.recorder(rollout_id, attempt_id, step)
+        except Conflict as exc:
+            if not result.aborted:
+                raise  # a stale attempt's call: refused, as the fence says
+            log.info("gateway: aborted call of %s not recorded: %s", rollout_id, exc.message)
 
 
 def step_payload(

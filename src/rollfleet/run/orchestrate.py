@@ -70,6 +70,7 @@ class RunOptions:
     limit: int | None = None
     store: str | None = None
     token: str | None = None
+    llm_token: str | None = None
     desktop: dict[str, Any] = field(default_factory=dict)
     engine_per_runner: bool = False
     standin: bool = False
@@ -93,6 +94,15 @@ class RunOptions:
                 f"--model {self.model}: not a GGUF file for the llama.cpp engine; "
                 "to use a served model pass --engine URL (an OpenAI-compatible base URL) too"
             )
+        if self.engine is not None and self.store is None and not self.llm_key():
+            raise InvalidInput(
+                f"--engine {self.engine}: no API key; set OPENAI_API_KEY or pass --llm-token "
+                "(a server that checks no key takes any value, e.g. --llm-token none)"
+            )
+
+    def llm_key(self) -> str | None:
+        """The API key for ``--engine``: ``--llm-token``, else ``OPENAI_API_KEY``."""
+        return self.llm_token or os.environ.get("OPENAI_API_KEY") or None
 
     def settings(self) -> dict[str, Any]:
         """The agent loop's settings, stored with every rollout."""
@@ -221,8 +231,8 @@ async def _run_on(
     with RunProgress(console, len(ids), kept, f"{opts.mode} ×{opts.num_rollouts}") as progress:
         if len(kept) < len(ids):
             if opts.store is None:
-                async with _llm(opts, store, console, startup) as llm_args:
-                    fleet = _fleet(url, opts, llm_args)
+                async with _llm(opts, store, console, startup) as llm:
+                    fleet = _fleet(url, opts, llm)
                     await _follow(
                         store, set(ids), group, {r.rollout_id for r in kept}, progress, fleet
                     )
@@ -232,19 +242,29 @@ async def _run_on(
     return await _write(store, opts, ids, {r.rollout_id for r in kept}, wall, startup)
 
 
+@dataclass(frozen=True)
+class RunnerLlm:
+    """How runner processes reach the LLM: their options, and the API key (which travels in
+    their environment, never on a command line: /proc/*/cmdline is world-readable)."""
+
+    args: list[str]
+    key: str | None = None
+
+
 @contextlib.asynccontextmanager
 async def _llm(
     opts: RunOptions, store: Store, console: Console, startup: Startup
-) -> AsyncIterator[list[str]]:
+) -> AsyncIterator[RunnerLlm]:
     """Runner options giving ctx.llm: a URL given, an engine per runner, or one shared engine.
 
-    The shared engine's gateway records every call as an ``llm`` Step of its attempt (prompt
-    and completion token ids included: what a trainer needs)."""
+    A URL given gets the user's API key; the shared engine's gateway needs none. It records
+    every call as an ``llm`` Step of its attempt (prompt and completion token ids included:
+    what a trainer needs)."""
     if opts.engine is not None:
-        yield ["--llm-url", opts.engine]
+        yield RunnerLlm(["--llm-url", opts.engine], opts.llm_key())
         return
     if opts.engine_per_runner:
-        yield ["--own-engine"] + (["--model-path", opts.model] if opts.model else [])
+        yield RunnerLlm(["--own-engine"] + (["--model-path", opts.model] if opts.model else []))
         return
     from rollfleet.engines.gateway import Gateway
     from rollfleet.engines.gateway_app import running_gateway
@@ -269,7 +289,7 @@ async def _llm(
                 f"gateway {gateway_url}/v1",
                 soft_wrap=True,
             )
-            yield ["--llm-url", gateway_url]
+            yield RunnerLlm(["--llm-url", gateway_url])
     finally:
         if engine.first_token_at is not None:
             startup.mark("first_token", engine.first_token_at)
@@ -286,14 +306,14 @@ def _recorder(store: Store) -> Any:
     return record
 
 
-def _fleet(url: str, opts: RunOptions, llm_args: list[str]) -> LocalFleet:
+def _fleet(url: str, opts: RunOptions, llm: RunnerLlm) -> LocalFleet:
     """One runner process running N rollouts at once (math, rag, or a shared pool's N rollouts
     over M instances); else N runner processes of one rollout each, so a rollout's environment
     (a sandbox, a desktop) and whatever it does to its process stay apart from the others."""
     pooled = opts.use_vm_pool and opts.mode in ("osworld", "py")
     together = pooled or (opts.mode in LIGHT_MODES and not opts.engine_per_runner)
     n, concurrency = (1, opts.num_rollouts) if together else (opts.num_rollouts, 1)
-    extra = llm_args + ["--env-spec", opts.env_spec().model_dump_json(), "--exit-with-parent"]
+    extra = llm.args + ["--env-spec", opts.env_spec().model_dump_json(), "--exit-with-parent"]
     return LocalFleet(
         url,
         AGENT,
@@ -303,6 +323,7 @@ def _fleet(url: str, opts: RunOptions, llm_args: list[str]) -> LocalFleet:
         grace_s=5.0,
         extra_args=extra,
         token=opts.token,
+        llm_token=llm.key,
     )
 
 

@@ -11,8 +11,9 @@ event are trimmed). File descriptor 1 itself is pointed at stderr, so what an ag
 never corrupt an event line.
 
 Optional: ``--llm-url`` gives every rollout ``ctx.llm`` (an OpenAI client tagged with its
-rollout and attempt); ``--own-engine`` instead starts a private llama.cpp engine in this
-process (the seed's one-engine-per-process design, for comparisons); ``--env-spec JSON``
+rollout and attempt; its API key from ``ROLLFLEET_LLM_TOKEN``); ``--own-engine`` instead starts
+a private llama.cpp engine in this process (the seed's one-engine-per-process design, for
+comparisons); ``--env-spec JSON``
 (an :class:`rollfleet.envs.EnvSpec`) gives ``ctx.env``; ``--exit-with-parent`` stops the
 runner when the process that started it dies.
 """
@@ -252,7 +253,11 @@ def main() -> None:
         help="bearer token (default: ROLLFLEET_TOKEN; prefer it: a command line is world-readable)",
     )
     parser.add_argument("--llm-url", default=None, help="gateway base URL for ctx.llm")
-    parser.add_argument("--llm-token", default=None)
+    parser.add_argument(
+        "--llm-token",
+        default=os.environ.get("ROLLFLEET_LLM_TOKEN"),
+        help="API key for --llm-url (default: ROLLFLEET_LLM_TOKEN; prefer it, as for --token)",
+    )
     parser.add_argument(
         "--own-engine", action="store_true", help="start a private llama.cpp engine for ctx.llm"
     )

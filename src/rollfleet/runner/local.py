@@ -107,6 +107,7 @@ class LocalFleet:
         concurrency: int = 1,
         prefix: str = "worker",
         token: str | None = None,
+        llm_token: str | None = None,
         grace_s: float = 30.0,
         on_event: EventFn | None = None,
         extra_args: Sequence[str] = (),
@@ -118,6 +119,7 @@ class LocalFleet:
         self.agent = agent
         self.concurrency = concurrency
         self.token = token
+        self.llm_token = llm_token
         self.grace_s = grace_s
         self.on_event = on_event or (lambda e: None)
         self.children = [_Child(f"{prefix}-{i}") for i in range(n)]
@@ -149,11 +151,13 @@ class LocalFleet:
         return argv + extra
 
     def _env(self) -> dict[str, str]:
-        """The children's environment: the token travels here, never on a command line (which
+        """The children's environment: the tokens travel here, never on a command line (which
         every process on the machine can read in /proc/*/cmdline)."""
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if self.token:
             env["ROLLFLEET_TOKEN"] = self.token
+        if self.llm_token:
+            env["ROLLFLEET_LLM_TOKEN"] = self.llm_token
         return env
 
     async def _spawn(self, child: _Child) -> None:
