@@ -156,6 +156,22 @@ def run_rows(d: dict[str, Any]) -> list[str]:
     return rows
 
 
+def weights_rows(d: dict[str, Any]) -> list[str]:
+    sync, swaps = d["sync"], d["swaps"]
+    rows = [f"| weights | push of a SmolLM2-135M-shaped state dict ({sync['megabytes']:.0f} MB fp32) to a gateway "
+            f"in another process on this host (shared memory), median of 3 alternating rounds | {sync['push_mb_s']:,.0f} MB/s | {sync['memcpy_mb_s']:,.0f} MB/s (in-memory copy "
+            f"of the same tensors: the limit) | {sync['push_vs_memcpy']:.2f}× |",
+            f"| weights | generation stopped while the HF engine installs them | "
+            f"{sync['install_s']['median'] * 1000:.0f} ms | – | target ≤ 50 ms |"]
+    for mode in ("interruptible", "drain", "abort"):
+        f = swaps[mode]
+        rows.append(f"| weights | tokens/s kept, {d['concurrent']} generations of {d['max_tokens']} tokens, a swap every "
+                    f"{d['swap_every_s']:.0f} s (HF, CPU): {mode} | {f['tokens_per_s']['median']:.1f} (swap delay "
+                    f"{f['swap_delay_s']:.2f} s, {f['wasted_tokens']:.0f} tokens thrown away) | "
+                    f"{swaps['none']['tokens_per_s']['median']:.1f} (no swaps) | {f['kept_vs_no_swaps']:.2f}× |")
+    return rows
+
+
 def wire_rows(d: dict[str, Any]) -> list[str]:
     cl, ch = d["content-length"]["median"], d["chunked"]["median"]
     return [f"| client | µs to handle a 16-rollout claim answer (Content-Length / chunked), lean client "
@@ -192,7 +208,7 @@ def sandbox_rows(d: dict[str, Any]) -> list[str]:
 
 SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
     ("store_throughput", store_rows), ("end_to_end", e2e_rows), ("pool", pool_rows), ("engines", engine_rows),
-    ("stragglers", straggler_rows), ("dashboard", dashboard_rows), ("cluster", cluster_rows), ("run", run_rows),
+    ("stragglers", straggler_rows), ("dashboard", dashboard_rows), ("cluster", cluster_rows), ("run", run_rows), ("weights", weights_rows),
     ("wire_parse", wire_rows), ("refactor_ab", ab_rows), ("sandbox", sandbox_rows),
 ]
 

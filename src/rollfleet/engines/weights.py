@@ -28,6 +28,7 @@ import re
 import struct
 import tempfile
 import uuid
+import warnings
 import zlib
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
@@ -226,7 +227,9 @@ async def decode(chunks: AsyncIterator[bytes] | memoryview) -> list[tuple[str, A
             if h.nbytes == 0:
                 out.append((h.name, torch.empty(h.shape, dtype=dtype)))
                 continue
-            raw = torch.frombuffer(payload, dtype=torch.uint8, count=h.nbytes, offset=offset)
+            with warnings.catch_warnings():  # a mapped push file is read-only; it is only read
+                warnings.simplefilter("ignore", UserWarning)
+                raw = torch.frombuffer(payload, dtype=torch.uint8, count=h.nbytes, offset=offset)
             out.append((h.name, raw.view(dtype).reshape(h.shape)))
             offset += h.nbytes
         index += 1
@@ -241,24 +244,36 @@ def push_dir() -> str:
 
 
 def write_push_file(tensors: Iterable[tuple[str, Any]], bucket_bytes: int) -> str:
-    """Write a push to a new file of this user's in :func:`push_dir`; return its path."""
+    """Write a push to a new file of this user's in :func:`push_dir`; return its path. The file
+    is sized first and mapped with its pages populated at once: writing 538 MB page by page cost
+    0.7-1.5 s here, mostly page faults."""
+    parts = list(encode(tensors, bucket_bytes))
+    size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
     path = os.path.join(push_dir(), f"rollfleet-weights-{uuid.uuid4().hex}.rfw")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        with open(fd, "wb", closefd=True) as f:
-            for part in encode(tensors, bucket_bytes):
-                f.write(part)
+        os.ftruncate(fd, size)
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        with mmap.mmap(fd, size, flags=flags) as out:
+            at = 0
+            for part in parts:
+                n = len(part) if isinstance(part, bytes) else part.nbytes
+                out[at : at + n] = part
+                at += n
     except BaseException:
         os.unlink(path)
         raise
+    finally:
+        os.close(fd)
     return path
 
 
 @contextlib.contextmanager
 def mapped_push_file(path: str) -> Iterator[memoryview]:
-    """A push file named by a client on this host, mapped (copy-on-write, so tensors can be made
-    over it without a copy): only a regular file of this process's user, named like the files
-    :func:`write_push_file` makes, directly in :func:`push_dir`; InvalidInput otherwise."""
+    """A push file named by a client on this host, mapped read-only (tensors are made over it
+    without a copy, and only read: an engine copies them into its model). Only a regular file
+    of this process's user, named like the files :func:`write_push_file` makes, directly in
+    :func:`push_dir`, is opened; InvalidInput otherwise."""
     name = os.path.basename(path)
     if os.path.dirname(path) != push_dir() or not FILE_NAME.fullmatch(name):
         raise InvalidInput(f"weights: {path!r} is not a push file in {push_dir()}")
@@ -272,7 +287,8 @@ def mapped_push_file(path: str) -> Iterator[memoryview]:
             raise InvalidInput(f"weights: {path!r} is not a regular file of this server's user")
         if not 0 < info.st_size <= MAX_TOTAL + MAX_HEADER:
             raise InvalidInput(f"weights: {path!r} has {info.st_size} bytes")
-        mapped = mmap.mmap(fd, info.st_size, access=mmap.ACCESS_COPY)
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # read-only, pre-faulted
+        mapped = mmap.mmap(fd, info.st_size, flags=flags, prot=mmap.PROT_READ)
     finally:
         os.close(fd)
     try:
