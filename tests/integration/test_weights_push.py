@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -143,6 +144,7 @@ async def test_a_trainer_killed_mid_push_leaves_the_old_weights_and_the_next_pus
     finally:
         proc.kill()
         proc.wait()
+        proc.stdout.close()
     assert engine.version == 0 and await greedy(engine) == before
     await push_weights(url, state(1), version=1, token="s3cret")
     assert engine.version == 1 and await greedy(engine) != before
@@ -166,7 +168,7 @@ async def test_a_push_file_must_be_one_this_user_wrote_in_the_push_directory(ser
     link = os.path.join(push_dir(), "rollfleet-weights-" + "0" * 32 + ".rfw")
     os.symlink(real, link)
     elsewhere = tmp_path / os.path.basename(real)
-    elsewhere.write_bytes(open(real, "rb").read())
+    elsewhere.write_bytes(Path(real).read_bytes())
     try:
         async with httpx.AsyncClient() as client:
             for path, why in [(link, "cannot open"), (str(elsewhere), "not a push file"),
