@@ -188,7 +188,8 @@ def _encode(name: str, array: np.ndarray, out_type: str) -> tuple[np.ndarray, An
         gguf = _gguf()
         q8_0 = gguf.GGMLQuantizationType.Q8_0
         return gguf.quants.quantize(array, q8_0), q8_0
-    half = array.astype(np.float16)
+    with np.errstate(over="ignore"):  # an overflow becomes inf, refused just below
+        half = array.astype(np.float16)
     if not np.isfinite(half).all():
         raise EngineError(f"tensor {name!r} has values beyond float16's range (65504)")
     return half, None
