@@ -252,8 +252,9 @@ class LlamaCppEngine(ThreadedEngine):
         goes on; then the model is swapped once running requests finish.
 
         Bad tensors raise EngineError naming the tensor, and the old weights keep serving.
-        SmolLM2-135M on 2 shared cores: export 2.3 s (f16) / 4.6 s (q8_0) off the scheduler
-        thread; generation paused 0.25 s for the swap (docs/engines.md, "Weights into llama.cpp").
+        Measured for SmolLM2-135M's state_dict on 2 shared cores: export 1.0-2.3 s (f16 or q8_0;
+        the first 4 s), generation slowed meanwhile; generation stopped 0.34-0.39 s for the swap,
+        0.43-0.48 s between two tokens (docs/engines.md, "Weights into llama.cpp").
         """
         started = time.perf_counter()
         path, exported = await weights_gguf(
