@@ -148,7 +148,7 @@ async def test_engine_llamacpp_refuses_a_prompt_longer_than_its_context(engine) 
 
 
 async def test_engine_llamacpp_weight_update_reloads_a_gguf_and_bumps_the_version(engine) -> None:
-    with pytest.raises(EngineError, match="needs a GGUF file path"):
+    with pytest.raises(EngineError, match="unknown tensor 'w'"):
         await engine.update_weights([("w", b"\x00")])
     with pytest.raises(EngineError, match="no GGUF file"):
         await engine.update_weights("/nonexistent.gguf")

@@ -84,6 +84,11 @@ def _gguf_value(f: object, kind: int) -> object:
     raise EngineError(f"GGUF: unknown value type {kind}")
 
 
+def gguf_cache_dir() -> Path:
+    """Where converted GGUFs go: ``$ROLLFLEET_CACHE/gguf`` (by default ``~/.cache/rollfleet``)."""
+    return Path(os.environ.get("ROLLFLEET_CACHE") or Path.home() / ".cache" / "rollfleet") / "gguf"
+
+
 def batch_friendly(path: Path, cache_dir: Path | None = None) -> Path:
     """``path`` itself, or for a GGUF whose quantization batches badly on CPU (Q4_1, Q5_0, Q5_1)
     the same weights as Q8_0, converted once and kept in the cache (about 1 s for 135M).
@@ -97,10 +102,7 @@ def batch_friendly(path: Path, cache_dir: Path | None = None) -> Path:
         return path
     stat = path.stat()
     key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode())
-    root = (
-        cache_dir
-        or Path(os.environ.get("ROLLFLEET_CACHE") or Path.home() / ".cache" / "rollfleet") / "gguf"
-    )
+    root = cache_dir or gguf_cache_dir()
     target = root / f"{path.stem}.{key.hexdigest()[:16]}.Q8_0.gguf"
     if target.is_file():
         return target

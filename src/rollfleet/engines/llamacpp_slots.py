@@ -89,7 +89,10 @@ class LlamaCppSlotsEngine(BaseEngine):
         return sum(counts)
 
     async def update_weights(self, weights: WeightSource, version: int | None = None) -> int:
-        """Reload every slot from a GGUF path."""
-        for slot in self.slots:
-            await slot.update_weights(weights, version)
+        """Reload every slot: the first takes ``weights`` (a GGUF path, or tensors it exports as
+        one), the others load the file the first now serves."""
+        first, *rest = self.slots
+        await first.update_weights(weights, version)
+        for slot in rest:
+            await slot.update_weights(first.path, version)
         return self._next_version(version)
