@@ -251,3 +251,10 @@ def test_export_gguf_writes_nothing_for_a_bad_update(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
     with pytest.raises(EngineError, match="export type 'q4_0' is not one of f16, q8_0"):
         export_gguf(base, weights.items(), tmp_path / "out", "q4_0")
+
+
+def test_an_unknown_export_type_is_refused_when_the_engine_is_made() -> None:
+    from rollfleet.engines.llamacpp import LlamaCppEngine  # llama_cpp is imported at start
+
+    with pytest.raises(EngineError, match="export type 'bf16' is not one of f16, q8_0"):
+        LlamaCppEngine("unused.gguf", export_type="bf16")

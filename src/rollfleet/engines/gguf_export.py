@@ -64,6 +64,13 @@ _BASES: OrderedDict[tuple[str, int, int], BaseGGUF] = OrderedDict()  # a few, mo
 _LOCK = threading.Lock()
 
 
+def check_out_type(out_type: str) -> str:
+    """``out_type`` when the export writes it; EngineError otherwise."""
+    if out_type not in OUT_TYPES:
+        raise EngineError(f"GGUF export type {out_type!r} is not one of {', '.join(OUT_TYPES)}")
+    return out_type
+
+
 def gguf_name(name: str) -> str | None:
     """llama.cpp's name for a transformers Llama parameter name, or None when it has none."""
     if name in _TOP_NAMES:
@@ -308,9 +315,8 @@ def export_gguf(
     273-tensor ``state_dict`` on 2 shared cores: 1.0 s as f16, 1.2 s as q8_0 (4.0 / 3.7 s for the
     first, which reads the base's metadata); docs/engines.md, "Weights into llama.cpp".
     """
-    if out_type not in OUT_TYPES:
-        raise EngineError(f"GGUF export type {out_type!r} is not one of {', '.join(OUT_TYPES)}")
     started = time.perf_counter()
+    check_out_type(out_type)
     base = read_base(base_path)
     tensors = convert(weights, base, out_type)
     try:

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from rollfleet.engines.base import Delta, FinishReason, GenerationRequest, WeightSource
-from rollfleet.engines.gguf_export import WeightUpdate, weights_gguf
+from rollfleet.engines.gguf_export import WeightUpdate, check_out_type, weights_gguf
 from rollfleet.engines.llamacpp_model import (
     ChatTemplate,
     TextDecoder,
@@ -199,7 +199,8 @@ class LlamaCppEngine(ThreadedEngine):
     ) -> None:
         self.path = Path(model_path) if model_path else bundled_gguf()
         self.prefix_cache, self.batch_quant = prefix_cache, batch_quant
-        self.export_type, self.cache_dir = export_type, Path(cache_dir or gguf_cache_dir())
+        self.export_type = check_out_type(export_type)  # of tensor updates: f16 or q8_0
+        self.cache_dir = Path(cache_dir or gguf_cache_dir())
         self._exported: Path | None = None  # the GGUF written for the last tensor update
         self.last_update: WeightUpdate | None = None
         super().__init__(self.path.stem)
