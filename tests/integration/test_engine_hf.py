@@ -159,3 +159,14 @@ async def test_engine_hf_new_weights_mid_generation_continue_it_under_the_new_po
     finally:
         await fresh.stop()
     assert tail.completion_token_ids == result.completion_token_ids[cut:]
+
+
+async def test_engine_hf_weight_update_before_start_is_refused_not_left_waiting() -> None:
+    require(HAVE, "transformers and torch (rollfleet[hf])")
+    from rollfleet.engines.hf import HFEngine, tiny_hf_model
+
+    model, tokenizer = tiny_hf_model(seed=0)
+    engine = HFEngine(model, tokenizer)
+    with pytest.raises(EngineError, match="not started"):
+        await asyncio.wait_for(engine.update_weights(model.state_dict().items(), version=1), 10)
+    assert engine.version == 0

@@ -189,7 +189,10 @@ class ThreadedEngine(BaseEngine):
         return len(self.registry)
 
     async def on_worker(self, call: Callable[[], T]) -> T:
-        """Run ``call`` on the worker thread between generation steps; return its result."""
+        """Run ``call`` on the worker thread between generation steps; return its result
+        (EngineError at once when no worker runs: nothing would ever take the call)."""
+        if self._thread is None or not self._thread.is_alive():
+            raise EngineError(f"{self.name}: engine is not started")
         loop = asyncio.get_running_loop()
         done: asyncio.Future[T] = loop.create_future()
 
