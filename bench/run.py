@@ -97,7 +97,7 @@ def main() -> dict[str, Any]:
             "wall_s": _spread([x["wall_s"] for x in results]),
             "tokens_per_s": _spread([x["tokens_per_s"] for x in results]),
         }
-    for name, f in figures.items():
+    for f in figures.values():
         f["tokens_per_s_vs_naive"] = f["tokens_per_s"]["median"] / figures[naive]["tokens_per_s"]["median"]
         f["wall_vs_naive"] = f["wall_s"]["median"] / figures[naive]["wall_s"]["median"]
     table(f"math mode, {TASKS} tasks, max {MAX_TOKENS} tokens, {ROUNDS} alternating rounds: median [range]",

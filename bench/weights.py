@@ -55,9 +55,9 @@ def _spread(values: list[float]) -> dict[str, float]:
 async def _sync() -> dict[str, Any]:
     import torch
 
-    from rollfleet.engines.weights import _untied, push_weights
+    from rollfleet.engines.weights import push_weights, untied
 
-    source = _untied(smollm2_135m(seed=1)[0].state_dict().items())  # the LM head is tied
+    source = untied(smollm2_135m(seed=1)[0].state_dict().items())  # the LM head is tied
     target = smollm2_135m(seed=2)[0].state_dict()
     mb = sum(t.numel() * t.element_size() for _, t in source) / 1e6
     port = free_port()

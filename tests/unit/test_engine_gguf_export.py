@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support import require
 
 from rollfleet.engines.gguf_export import BaseGGUF, convert, export_gguf, gguf_name, permute_rotary
 from rollfleet.errors import EngineError
-from support import require
 
 HAVE_GGUF = importlib.util.find_spec("gguf") is not None
 HIDDEN, FFN, VOCAB, HEADS, KV_HEADS, LAYERS = 32, 64, 40, 2, 1, 2

@@ -38,7 +38,7 @@ async def test_a_push_round_trips_every_dtype_in_small_buckets() -> None:
     sent = tensors()
     got = await decode(chunks(encode(sent, bucket_bytes=40)))
     assert [n for n, _ in got] == [n for n, _ in sent]
-    for (_, a), (_, b) in zip(sent, got):
+    for (_, a), (_, b) in zip(sent, got, strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 
 

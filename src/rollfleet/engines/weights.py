@@ -329,7 +329,7 @@ async def push_weights(
     InvalidInput for a bad tensor or bucket)."""
     from rollfleet.engines.gateway import Gateway
 
-    named = _untied(tensors)
+    named = untied(tensors)
     if isinstance(target, Gateway):
         return await target.update_weights(named, version)
     host = urlsplit(str(target)).hostname
@@ -338,7 +338,7 @@ async def push_weights(
     return await _push_http(str(target), named, version, token, bucket_bytes, progress)
 
 
-def _untied(tensors: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
+def untied(tensors: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
     """Named tensors without the second name of a tied one (an LM head sharing the embedding's
     storage): the receiver's model ties them too, so one copy installs both."""
     out, seen = [], set()
