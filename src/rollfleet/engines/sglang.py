@@ -1,10 +1,24 @@
 """SGLang: launch ``sglang.launch_server`` and talk to it over HTTP (GPU only).
 
 Requests carry SGLang's ``rid`` (our request id) so an abort also calls
-``/abort_request``, besides closing the stream. Weight updates: a checkpoint path goes to
-``/update_weights_from_disk``; in-memory tensors go bucket by bucket
-(:mod:`rollfleet.engines.buckets`) to ``/update_weights_from_tensor`` with SGLang's own
-serializer (same-machine handles), the way verl feeds it.
+``/abort_request``, besides closing the stream.
+
+Weight updates use SGLang's native refit endpoints (docs.sglang.io, "SGLang for RL Systems";
+the shapes follow SGLang v0.5's ``srt/entrypoints/http_server.py`` and the request records
+in ``srt/managers/io_struct.py``). Both answer ``{"success": bool, "message": str, ...}``,
+HTTP 200 on success and 400 on failure.
+
+* A checkpoint path goes to ``POST /update_weights_from_disk`` with ``model_path``.
+* Tensors, when ``sglang`` imports in this process, go bucket by bucket
+  (:mod:`rollfleet.engines.buckets`) to ``POST /update_weights_from_tensor``
+  (``serialized_named_tensors`` made by SGLang's own serializer, ``load_format``,
+  ``flush_cache`` on the last bucket), the way verl feeds it.
+* Otherwise (the usual case: the gateway has no sglang) they are written as a safetensors
+  checkpoint in shared memory (:meth:`ServedEngine.checkpoint`) and loaded with
+  ``/update_weights_from_disk`` (``model_path``, ``load_format: "safetensors"``,
+  ``weight_version``); the directory is removed afterwards, also when SGLang refuses. SGLang
+  checks names and shapes, rolls back to the old weights on a failed load, and flushes its
+  cache after a good one. It also records ``model_path`` as the served model name.
 """
 
 from __future__ import annotations
@@ -13,10 +27,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from rollfleet.engines.base import GenerationRequest, WeightSource
+from rollfleet.engines.base import GenerationRequest, NamedTensors, WeightSource
 from rollfleet.engines.buckets import DEFAULT_BUCKET_BYTES, bucket_tensors
 from rollfleet.engines.served import ServedEngine
-from rollfleet.errors import EngineError
 
 
 class SGLangEngine(ServedEngine):
@@ -53,21 +66,22 @@ class SGLangEngine(ServedEngine):
         return await super().abort(ids)
 
     async def update_weights(self, weights: WeightSource, version: int | None = None) -> int:
-        """Load a checkpoint path, or stream tensors bucket by bucket."""
+        """Load a checkpoint path, or tensors (serialized if sglang imports, else via disk)."""
         if isinstance(weights, (str, Path)):
-            reply = await self.post_json("/update_weights_from_disk", {"model_path": str(weights)})
-            _check(reply)
-            return self._next_version(version)
-        try:
-            from sglang.srt.utils import MultiprocessingSerializer
-        except ImportError as exc:
-            raise EngineError(
-                "sglang: tensor updates need the sglang package in this process"
-            ) from exc
+            await self.post_update("/update_weights_from_disk", {"model_path": str(weights)})
+        elif (serializer := sglang_serializer()) is not None:
+            await self.send_tensors(weights, serializer)
+        else:
+            async with self.checkpoint(weights) as directory:
+                await self.post_update("/update_weights_from_disk", _disk_body(directory, version))
+        return self._next_version(version)
+
+    async def send_tensors(self, weights: NamedTensors, serializer: Any) -> None:
+        """Stream tensors bucket by bucket to ``/update_weights_from_tensor``."""
         buckets = list(bucket_tensors(weights, self.bucket_bytes))
         for index, bucket in enumerate(buckets):
-            payload = MultiprocessingSerializer.serialize(bucket.items, output_str=True)
-            reply = await self.post_json(
+            payload = serializer.serialize(bucket.items, output_str=True)
+            await self.post_update(
                 "/update_weights_from_tensor",
                 {
                     "serialized_named_tensors": [payload],
@@ -75,11 +89,20 @@ class SGLangEngine(ServedEngine):
                     "flush_cache": index == len(buckets) - 1,
                 },
             )
-            _check(reply)
-        return self._next_version(version)
 
 
-def _check(reply: Any) -> None:
-    """Raise when SGLang answered ``success: false``."""
-    if isinstance(reply, dict) and reply.get("success") is False:
-        raise EngineError(f"sglang: weight update refused: {reply.get('message')}")
+def _disk_body(directory: str, version: int | None) -> dict[str, Any]:
+    """The ``/update_weights_from_disk`` body for a checkpoint this engine wrote."""
+    body: dict[str, Any] = {"model_path": directory, "load_format": "safetensors"}
+    if version is not None:
+        body["weight_version"] = str(version)
+    return body
+
+
+def sglang_serializer() -> Any | None:
+    """SGLang's ``MultiprocessingSerializer`` when sglang imports in this process, else None."""
+    try:
+        from sglang.srt.utils import MultiprocessingSerializer
+    except ImportError:
+        return None
+    return MultiprocessingSerializer

@@ -1,9 +1,29 @@
 """vLLM: launch ``vllm.entrypoints.openai.api_server`` and talk to it over HTTP (GPU only).
 
-Abort: closing the stream makes vLLM abort the request. Weight updates load a checkpoint
-path through vLLM's development endpoint ``/collective_rpc`` (``reload_weights``), which the
-launcher enables with ``VLLM_SERVER_DEV_MODE=1``. In-memory tensors need a same-GPU or
-NCCL transport that lives next to the trainer, so they are refused with a clear error.
+Abort: closing the stream makes vLLM abort the request.
+
+Weight updates reload from disk through vLLM's development endpoint ``POST /collective_rpc``,
+which the launcher enables with ``VLLM_SERVER_DEV_MODE=1``. The body names a worker method
+and its arguments (``{"method", "args", "kwargs", "timeout"}``); vLLM answers
+``{"results": [...]}``, one per worker, or an error body ``{"error": {"message", "type",
+"code"}}``. The method is the worker's ``reload_weights(weights_path=...,
+is_checkpoint_format=True)``, the layerwise in-place reload of
+``vllm.model_executor.model_loader.reload`` (docs.vllm.ai, "Layerwise (Re)loading" and the
+API reference of that module): it points the model config at ``weights_path``, reads the
+safetensors found there and loads them into the running model without re-initialising it
+(vLLM's loaders check names and shapes). The shape of the calls follows vLLM 0.28: the dev
+RPC router (``vllm/entrypoints/serve/dev/rpc/api_router.py``), the reload module, and the
+request vLLM's maintainers use in vllm-project/vllm PR #48284 (``POST /collective_rpc
+{"method": "reload_weights", "kwargs": {"weights_path": …, "is_checkpoint_format": true}}``;
+issue #48312 runs it on 0.28.1rc1). An older vLLM whose ``reload_weights()`` takes no path
+refuses the keyword, and that comes back as an :class:`EngineError`. Then
+``POST /reset_prefix_cache`` drops KV blocks computed with the old weights.
+
+Tensors pushed over the wire are written as a safetensors checkpoint in shared memory
+first (:meth:`ServedEngine.checkpoint`) and the directory is removed afterwards, also when
+vLLM refuses. vLLM's HTTP weight-transfer routes (``/init_weight_transfer_engine``,
+``/update_weights``; docs.vllm.ai "Weight Transfer") need an NCCL, CUDA IPC or RDT
+transport on the trainer's side, so they do not fit tensors that arrive as bytes.
 """
 
 from __future__ import annotations
@@ -13,7 +33,6 @@ from pathlib import Path
 
 from rollfleet.engines.base import WeightSource
 from rollfleet.engines.served import ServedEngine
-from rollfleet.errors import EngineError
 
 
 class VLLMEngine(ServedEngine):
@@ -59,15 +78,21 @@ class VLLMEngine(ServedEngine):
         ]
 
     async def update_weights(self, weights: WeightSource, version: int | None = None) -> int:
-        """Reload weights from a checkpoint directory through ``/collective_rpc``."""
-        if not isinstance(weights, (str, Path)):
-            raise EngineError(
-                "vllm: update_weights over HTTP takes a checkpoint path; stream"
-                " in-memory tensors with vLLM's weight-transfer API in the trainer"
-            )
-        await self.post_json(
-            "/collective_rpc",
-            {"method": "reload_weights", "kwargs": {"weights_path": str(weights)}},
-        )
-        await self.post_json("/reset_prefix_cache", {})
+        """Reload from a checkpoint directory, or from tensors written as one in shared memory."""
+        if isinstance(weights, (str, Path)):
+            await self.reload(str(weights))
+        else:
+            async with self.checkpoint(weights) as directory:
+                await self.reload(directory)
         return self._next_version(version)
+
+    async def reload(self, directory: str) -> None:
+        """Have every vLLM worker reload its weights from ``directory``, then drop the cache."""
+        await self.post_update(
+            "/collective_rpc",
+            {
+                "method": "reload_weights",
+                "kwargs": {"weights_path": directory, "is_checkpoint_format": True},
+            },
+        )
+        await self.post_update("/reset_prefix_cache", {})
