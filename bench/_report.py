@@ -172,6 +172,22 @@ def weights_rows(d: dict[str, Any]) -> list[str]:
     return rows
 
 
+def weights_delta_rows(d: dict[str, Any]) -> list[str]:
+    lora, full = d["cases"]["lora_style"], d["cases"]["full"]
+    b, http, file = lora["bytes"], lora["push_s"]["http"], lora["push_s"]["file"]
+    return [f"| weights | delta push after one AdamW step of SmolLM2-135M (fp32), q_proj and v_proj trainable "
+            f"(LoRA-style): bytes sent ({lora['tensors']['delta']} of {lora['tensors']['full']} tensors changed) | "
+            f"{b['delta'] / 1e6:,.0f} MB | {b['full'] / 1e6:,.0f} MB (full push) | {b['delta'] / b['full']:.2f}× |",
+            f"| weights | the same, push to a gateway in this process over HTTP / same host (file), median of "
+            f"{d['rounds']} alternating rounds | {http['delta']['median']:.2f} s / {file['delta']['median']:.2f} s | "
+            f"{http['full']['median']:.2f} s / {file['full']['median']:.2f} s (full push) | "
+            f"{http['delta_vs_full']:.1f}× / {file['delta_vs_full']:.1f}× faster |",
+            f"| weights | delta push after one AdamW step, full fine-tuning: every tensor changed "
+            f"({full['elements_changed']:,} of {full['elements']:,} weights) | {full['bytes']['delta'] / 1e6:,.0f} MB | "
+            f"{full['bytes']['full'] / 1e6:,.0f} MB "
+            f"(full push) | {full['bytes']['delta'] / full['bytes']['full']:.2f}× (no saving) |"]
+
+
 def wire_rows(d: dict[str, Any]) -> list[str]:
     cl, ch = d["content-length"]["median"], d["chunked"]["median"]
     return [f"| client | µs to handle a 16-rollout claim answer (Content-Length / chunked), lean client "
@@ -209,6 +225,7 @@ def sandbox_rows(d: dict[str, Any]) -> list[str]:
 SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
     ("store_throughput", store_rows), ("end_to_end", e2e_rows), ("pool", pool_rows), ("engines", engine_rows),
     ("stragglers", straggler_rows), ("dashboard", dashboard_rows), ("cluster", cluster_rows), ("run", run_rows), ("weights", weights_rows),
+    ("weights_delta", weights_delta_rows),
     ("wire_parse", wire_rows), ("refactor_ab", ab_rows), ("sandbox", sandbox_rows),
 ]
 

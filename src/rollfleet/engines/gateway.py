@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollfleet.engines.base import Engine, Generation, GenerationRequest, StreamItem
+from rollfleet.engines.weights import WeightsDelta
 from rollfleet.errors import Conflict, EngineError, InvalidInput, NotFound
 from rollfleet.model import StepIn
 
@@ -238,19 +239,34 @@ class Gateway:
         """The newest weights version any replica serves (0 before the first update)."""
         return max((r.engine.version for r in self.router.replicas.values()), default=0)
 
-    async def update_weights(self, tensors: list[tuple[str, Any]], version: int) -> dict[str, Any]:
+    async def update_weights(
+        self, tensors: list[tuple[str, Any]], version: int, *, base: int | None = None
+    ) -> dict[str, Any]:
         """Install named tensors as ``version`` on every replica, one update at a time.
 
         ``version`` must be newer than every replica's (Conflict otherwise: a duplicate or a
-        reordered push). A replica that refuses the tensors (unknown name, wrong shape) keeps
-        its weights, and the caller gets InvalidInput naming the tensor; replicas updated
-        before it keep the new version (each replica's version is in the answer)."""
+        reordered push). A replica that refuses the tensors (unknown name, wrong shape, a
+        missing one in a full update) keeps its weights, and the caller gets InvalidInput naming
+        the tensor; replicas updated before it keep the new version (each replica's version is
+        in the answer). With ``base``, the tensors are a delta computed against version
+        ``base``: every replica must serve exactly that version (Conflict otherwise, before any
+        changes: on another base the delta would silently corrupt the model), and the weights
+        not sent keep their values."""
         async with self._updating:
             current = self.weights_version
             if version <= current:
                 raise Conflict(f"weights version {version} is not newer than {current}")
             if not self.router.replicas:
                 raise EngineError("gateway: no engine replica to update")
+            if base is not None:
+                replicas = self.router.replicas.values()
+                others = [f"{r.replica_id} serves {r.engine.version}"
+                          for r in replicas if r.engine.version != base]  # fmt: skip
+                if others:
+                    raise Conflict(
+                        f"weights delta computed against version {base}, but {', '.join(others)}"
+                    )
+                tensors = WeightsDelta(tensors, base)
             pauses: dict[str, float] = {}
             for replica in list(self.router.replicas.values()):
                 started = time.monotonic()
@@ -260,7 +276,8 @@ class Gateway:
                     raise InvalidInput(f"{replica.replica_id}: {exc}") from exc
                 pauses[replica.replica_id] = round(time.monotonic() - started, 6)
                 log.info("gateway: %s now serves weights version %d", replica.replica_id, version)
-            return {"version": version, "tensors": len(tensors), "update_s": pauses,
+            delta = {} if base is None else {"base": base}
+            return {"version": version, **delta, "tensors": len(tensors), "update_s": pauses,
                     "replicas": self.replicas()}  # fmt: skip
 
     @property

@@ -351,8 +351,10 @@ def gateway_router(gateway: Gateway, token: str | None = None) -> APIRouter:
     async def weights(version: int, request: Request) -> Response:
         """Install new weights on every replica: the body is a push (rollfleet.engines.weights),
         or the header X-Rollfleet-Weights-File names one a client on this host wrote to shared
-        memory; applied once it has all arrived intact; 409 for a version that is not newer."""
-        from rollfleet.engines.weights import FILE_HEADER, decode, mapped_push_file
+        memory; applied once it has all arrived intact; 409 for a version that is not newer.
+        X-Rollfleet-Weights-Delta: 1 with X-Rollfleet-Weights-Base: N sends only some tensors,
+        computed against version N: 409 unless every replica serves N."""
+        from rollfleet.engines.weights import FILE_HEADER, decode, delta_base, mapped_push_file
 
         try:
             if not 0 < version < 2**63:
@@ -361,13 +363,20 @@ def gateway_router(gateway: Gateway, token: str | None = None) -> APIRouter:
                 raise Conflict(
                     f"weights version {version} is not newer than {gateway.weights_version}"
                 )
+            base = delta_base(request.headers)
+            if base is not None and gateway.weights_version != base:  # checked again at install
+                raise Conflict(
+                    f"weights delta computed against version {base}, but the gateway serves"
+                    f" {gateway.weights_version}"
+                )
             path = request.headers.get(FILE_HEADER)
             if path is None:  # the push is the body
-                answer = await gateway.update_weights(await decode(request.stream()), version)
+                tensors = await decode(request.stream())
+                answer = await gateway.update_weights(tensors, version, base=base)
             else:  # a client on this host wrote it to shared memory
                 with mapped_push_file(path) as view:
                     tensors = await decode(view)
-                    answer = await gateway.update_weights(tensors, version)
+                    answer = await gateway.update_weights(tensors, version, base=base)
                     del tensors  # before the mapping closes
         except RollfleetError as exc:
             return _error(exc)

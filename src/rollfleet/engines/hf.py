@@ -139,23 +139,37 @@ class HFEngine(ThreadedEngine):
     async def update_weights(self, weights: WeightSource, version: int | None = None) -> int:
         """Copy new tensors (or a safetensors checkpoint) into the live model between two decode
         steps. Running requests are not stopped: their KV cache is recomputed under the new
-        weights and they go on; each result says where the version changed."""
+        weights and they go on; each result says where the version changed. Named tensors name
+        every parameter; a :class:`~rollfleet.engines.weights.WeightsDelta` only those that
+        changed since its base version, which must be the one this engine serves (Conflict); a
+        checkpoint is loaded as it is."""
+        from rollfleet.engines.weights import WeightsDelta
+        from rollfleet.errors import Conflict
+
         tensors = _safetensors(Path(weights)) if isinstance(weights, (str, Path)) else weights
+        base = weights.base if isinstance(weights, WeightsDelta) else None
+        complete = base is None and not isinstance(weights, (str, Path))
 
         def swap() -> tuple[int, int]:  # on the worker: no step sees half-copied weights
-            count = self._copy_in(tensors)
+            if base is not None and base != self.version:
+                raise Conflict(
+                    f"hf: weights delta computed against version {base},"
+                    f" this engine serves {self.version}"
+                )
+            count = self._copy_in(tensors, complete)
             return count, self._next_version(version)
 
         count, new = await self.on_worker(swap)
         log.info("hf: loaded %d tensors, weights version %d", count, new)
         return new
 
-    def _copy_in(self, tensors: NamedTensors) -> int:
-        """Check every tensor first (name, shape), then copy: a refused update changes nothing."""
+    def _copy_in(self, tensors: NamedTensors, complete: bool = False) -> int:
+        """Check every tensor first (name, shape; with ``complete``, that every parameter is
+        named), then copy: a refused update changes nothing."""
         import torch
 
         live = self.hf_model.state_dict(keep_vars=True)
-        pairs = []
+        pairs, sent = [], set()
         for name, tensor in tensors:
             target = live.get(name)
             if target is None:
@@ -166,6 +180,18 @@ class HFEngine(ThreadedEngine):
                     f" the model has {tuple(target.shape)}"
                 )
             pairs.append((target, tensor))
+            sent.add(name)
+        if complete:
+            names: dict[int, list[str]] = {}  # tied parameters: one of their names is enough
+            for name, param in self.hf_model.named_parameters(remove_duplicate=False):
+                names.setdefault(id(param), []).append(name)
+            missing = [aliases[0] for aliases in names.values() if sent.isdisjoint(aliases)]
+            if missing:
+                more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+                raise EngineError(
+                    f"hf: missing tensor {missing[0]!r}{more}: a full update names every"
+                    " weight (a delta sends only some)"
+                )
         with torch.no_grad():
             for target, tensor in pairs:
                 target.copy_(torch.as_tensor(tensor).to(target.device, target.dtype))

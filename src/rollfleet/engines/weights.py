@@ -16,6 +16,12 @@ afresh (there is no upload state to clean up).
 
 Every size a caller sets is capped (header, bucket, tensor count, total bytes), dtypes are an
 allow-list, and each tensor's byte count must equal its shape times its element size.
+
+A push names every weight of the model, or is a *delta*: headers ``X-Rollfleet-Weights-Delta: 1``
+and ``X-Rollfleet-Weights-Base: N`` (in process: :class:`WeightsDelta`) say that it holds only
+some tensors, computed against weights version ``N``; the others keep their values. The gateway
+refuses a delta (409) unless every replica serves version ``N``. :func:`snapshot` and
+:func:`changed` find what to send: the tensors whose bytes differ from the last push.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import tempfile
 import uuid
 import warnings
 import zlib
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -45,6 +51,8 @@ MAX_TENSORS = 1_000_000
 MAX_TOTAL = 256 << 30  # bytes of one push
 PUSH_BUCKET_BYTES = 64 << 20  # small enough to checksum while the next one is on the wire
 FILE_HEADER = "x-rollfleet-weights-file"
+DELTA_HEADER = "x-rollfleet-weights-delta"
+BASE_HEADER = "x-rollfleet-weights-base"
 FILE_NAME = re.compile(r"rollfleet-weights-[0-9a-f]{32}\.rfw")
 DTYPES = {
     "float32": 4, "float16": 2, "bfloat16": 2, "float64": 8,
@@ -60,6 +68,81 @@ class TensorHeader:
     dtype: str
     shape: tuple[int, ...]
     nbytes: int
+
+
+class WeightsDelta(list[tuple[str, Any]]):
+    """Named tensors that replace only some weights: every weight not named keeps its value in
+    weights version ``base``, the one the delta was computed against. Engines tell a delta from
+    a full update (which must name every weight) by this type."""
+
+    def __init__(self, tensors: Iterable[tuple[str, Any]], base: int) -> None:
+        super().__init__(tensors)
+        self.base = base
+
+
+def delta_base(headers: Mapping[str, str]) -> int | None:
+    """The base version a push's headers name for a delta, None for a full push; InvalidInput
+    for a delta without a base, or a base without a delta."""
+    delta = headers.get(DELTA_HEADER, "0").strip().lower()
+    raw = headers.get(BASE_HEADER)
+    if delta not in ("0", "1", "false", "true"):
+        raise InvalidInput(f"weights: {DELTA_HEADER} must be 1 or 0, not {delta[:20]!r}")
+    if delta in ("0", "false"):
+        if raw is not None:
+            raise InvalidInput(f"weights: {BASE_HEADER} only goes with {DELTA_HEADER}: 1")
+        return None
+    if raw is None or not raw.strip().isdigit() or int(raw) >= 2**63:
+        raise InvalidInput(
+            f"weights: a delta needs {BASE_HEADER}: the version it was computed against"
+        )
+    return int(raw)
+
+
+def snapshot(tensors: Iterable[tuple[str, Any]]) -> dict[str, Any]:
+    """A copy (in host memory) of named tensors, to find what the next push must send with
+    :func:`changed`. Tied names (an LM head sharing the embedding) share one copy."""
+    import numpy as np
+
+    out: dict[str, Any] = {}
+    copies: dict[Any, Any] = {}
+    for name, tensor in tensors:
+        key = _storage(tensor) or name
+        if key not in copies:
+            copies[key] = (tensor.detach().to("cpu", copy=True) if hasattr(tensor, "detach")
+                           else np.array(tensor, copy=True))  # fmt: skip
+        out[name] = copies[key]
+    return out
+
+
+def changed(
+    previous: Mapping[str, Any], tensors: Iterable[tuple[str, Any]]
+) -> Iterator[tuple[str, Any]]:
+    """The named tensors whose dtype, shape or bytes differ from ``previous`` (a :func:`snapshot`
+    of what the gateway serves), or that it lacks: what a delta push sends. Bytes are compared,
+    not values, so a -0.0 or NaN that changed counts; a tensor on a GPU is copied to compare.
+    After a push, ``previous.update(snapshot(sent))`` makes it the new base."""
+    for name, tensor in tensors:
+        old = previous.get(name)
+        if old is None or not _same(old, tensor):
+            yield name, tensor
+
+
+def _same(a: Any, b: Any) -> bool:
+    if _dtype_name(a) != _dtype_name(b) or tuple(a.shape) != tuple(b.shape):
+        return False
+    if not (hasattr(a, "detach") and hasattr(b, "detach")):
+        return bool(_raw(a) == _raw(b))
+    import torch  # torch.equal over integers of the element's width: 6x a memoryview compare
+
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return torch.equal(*(t.detach().to("cpu").contiguous().reshape(-1).view(ints) for t in (a, b)))
+
+
+def _storage(tensor: Any) -> tuple[int, tuple[int, ...], str] | None:
+    """What makes two names the same tensor (tied weights); None when it cannot be told."""
+    if hasattr(tensor, "data_ptr") and tensor.numel():
+        return tensor.data_ptr(), tuple(tensor.shape), str(tensor.dtype)
+    return None
 
 
 def _dtype_name(tensor: Any) -> str:
@@ -320,22 +403,32 @@ async def push_weights(
     bucket_bytes: int = PUSH_BUCKET_BYTES,
     progress: bool = False,
     transport: str = "auto",
+    delta: bool = False,
+    base: int | None = None,
 ) -> dict[str, Any]:
     """Send named tensors as weights ``version`` to a gateway: a :class:`Gateway` in this
     process, or its URL. To a URL on this host (``transport="auto"``, or ``"file"``) the push
     is written to shared memory and only its path is sent; elsewhere (or ``"http"``) it streams
     in the request body. Returns the gateway's answer: the version and each replica's time to
     install. Raises what the gateway refused with (Conflict for a version that is not newer,
-    InvalidInput for a bad tensor or bucket)."""
+    InvalidInput for a bad tensor or bucket).
+
+    A full push names every weight. ``delta=True`` sends only some (:func:`changed` finds them),
+    computed against weights version ``base`` (required): the rest keep their values, and the
+    gateway refuses with Conflict unless every replica serves ``base``."""
     from rollfleet.engines.gateway import Gateway
 
+    if delta != (base is not None):
+        raise InvalidInput("weights: a delta push needs base=, the version it was computed"
+                           " against, and only a delta takes one")  # fmt: skip
     named = untied(tensors)
     if isinstance(target, Gateway):
-        return await target.update_weights(named, version)
+        return await target.update_weights(named, version, base=base)
+    headers = {} if base is None else {DELTA_HEADER: "1", BASE_HEADER: str(base)}
     host = urlsplit(str(target)).hostname
     if transport == "file" or (transport == "auto" and host in ("127.0.0.1", "localhost", "::1")):
-        return await _push_file(str(target), named, version, token, bucket_bytes)
-    return await _push_http(str(target), named, version, token, bucket_bytes, progress)
+        return await _push_file(str(target), named, version, token, bucket_bytes, headers)
+    return await _push_http(str(target), named, version, token, bucket_bytes, progress, headers)
 
 
 def untied(tensors: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
@@ -343,9 +436,7 @@ def untied(tensors: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
     storage): the receiver's model ties them too, so one copy installs both."""
     out, seen = [], set()
     for name, tensor in tensors:
-        key = None
-        if hasattr(tensor, "data_ptr") and tensor.numel():
-            key = (tensor.data_ptr(), tuple(tensor.shape), str(tensor.dtype))
+        key = _storage(tensor)
         if key is not None and key in seen:
             continue
         seen.add(key)
@@ -354,14 +445,19 @@ def untied(tensors: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
 
 
 async def _push_file(
-    url: str, named: list[tuple[str, Any]], version: int, token: str | None, bucket_bytes: int
+    url: str,
+    named: list[tuple[str, Any]],
+    version: int,
+    token: str | None,
+    bucket_bytes: int,
+    headers: dict[str, str],
 ) -> dict[str, Any]:
     """Same host: write the push to shared memory and send only its path."""
     import asyncio
 
     path = await asyncio.to_thread(write_push_file, named, bucket_bytes)
     try:
-        return await _put(url, version, token, None, {FILE_HEADER: path})
+        return await _put(url, version, token, None, {**headers, FILE_HEADER: path})
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
@@ -374,6 +470,7 @@ async def _push_http(
     token: str | None,
     bucket_bytes: int,
     progress: bool,
+    headers: dict[str, str],
 ) -> dict[str, Any]:
     from rich.progress import DownloadColumn, Progress, TransferSpeedColumn
 
@@ -390,7 +487,8 @@ async def _push_http(
             bar.advance(task, part.nbytes if isinstance(part, memoryview) else 0)
 
     with bar:
-        return await _put(url, version, token, body(), {"content-type": "application/octet-stream"})
+        headers = {**headers, "content-type": "application/octet-stream"}
+        return await _put(url, version, token, body(), headers)
 
 
 async def _put(
@@ -412,4 +510,7 @@ async def _put(
     return answer
 
 
-__all__ = ["MAGIC", "decode", "encode", "parse_header", "push_weights", "weights_url"]
+__all__ = [
+    "MAGIC", "WeightsDelta", "changed", "decode", "encode", "parse_header", "push_weights",
+    "snapshot", "weights_url",
+]  # fmt: skip
