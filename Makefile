@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench peers clean
+.PHONY: install demo test lint bench peers llama-server clean
 
 # llama-cpp-python has no wheel: we build one, once per machine, for x86-64-v3 (AVX2/FMA/F16C).
 # Never -march=native: on hosts with AMX a native build uses AMX tiles, which these VMs do not
@@ -44,12 +44,40 @@ bench: $(STAMP)
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench._report
 
-# Peer projects for side-by-side benchmarks live in their own venv, never in .venv.
-peers:
+# Peer projects for side-by-side benchmarks live in their own venv, never in .venv; llama.cpp's
+# own server (bench/llama_server.py) is a binary in the cache, built by `make llama-server`.
+peers: llama-server
 	test -d .venv-peers || $(PY) -m venv .venv-peers
 	.venv-peers/bin/pip install -q -c constraints.txt torch agentlightning==0.3.0 'ray[default]' omegaconf hydra-core \
 		numpy pyyaml aiohttp requests filelock packaging sortedcontainers
 	.venv-peers/bin/pip install -q --no-deps rlinf==0.3.0
+
+# llama-server (and llama-batched-bench, the bare-decode ceiling) from the very llama.cpp that
+# llama-cpp-python==<pinned> vendors: its sdist, the same CPU flags as the wheel above, static,
+# no UI, no HTTPS, cmake fetches nothing. About 9 minutes on 2 busy cores, so not part of
+# install or test; the binaries stay in the cache and the target skips when they are there.
+LLAMA_PY_VERSION := $(shell sed -n 's/^llama-cpp-python==//p' constraints.txt)
+LLAMA_CACHE ?= $(or $(ROLLFLEET_CACHE),$(HOME)/.cache/rollfleet)
+LLAMA_SRC := $(LLAMA_CACHE)/src/llama-cpp-python-$(LLAMA_PY_VERSION)
+LLAMA_SERVER := $(LLAMA_CACHE)/bin/llama-server
+LLAMA_SERVER_CMAKE := $(LLAMA_CMAKE) -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+	-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
+	-DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
+
+llama-server: $(LLAMA_SERVER)
+
+$(LLAMA_SERVER):
+	test -n "$(LLAMA_PY_VERSION)"  # constraints.txt pins llama-cpp-python
+	mkdir -p $(LLAMA_SRC) $(LLAMA_CACHE)/bin
+	ls $(LLAMA_SRC)/llama_cpp_python-*.tar.gz >/dev/null 2>&1 || $(PY) -m pip download -q \
+		--no-binary :all: --no-deps -d $(LLAMA_SRC) llama-cpp-python==$(LLAMA_PY_VERSION)
+	test -f $(LLAMA_SRC)/tree/vendor/llama.cpp/CMakeLists.txt || { rm -rf $(LLAMA_SRC)/tree && \
+		mkdir $(LLAMA_SRC)/tree && tar -xzf $(LLAMA_SRC)/llama_cpp_python-*.tar.gz -C $(LLAMA_SRC)/tree \
+		--strip-components=1; }
+	nice -n 10 cmake -S $(LLAMA_SRC)/tree/vendor/llama.cpp -B $(LLAMA_SRC)/build $(LLAMA_SERVER_CMAKE)
+	nice -n 10 cmake --build $(LLAMA_SRC)/build --target llama-server llama-batched-bench -j2
+	install -m 755 $(LLAMA_SRC)/build/bin/llama-batched-bench $(LLAMA_CACHE)/bin/
+	install -m 755 $(LLAMA_SRC)/build/bin/llama-server $(LLAMA_SERVER)
 
 clean:
 	rm -rf $(VENV) .venv-peers .rollfleet build *.egg-info
