@@ -12,12 +12,12 @@ import os
 import sys
 
 import pytest
+from support import free_port
 
 from rollfleet.engines.base import FinishReason, GenerationRequest, SamplingParams
 from rollfleet.engines.sglang import SGLangEngine
 from rollfleet.engines.vllm import VLLMEngine
 from rollfleet.errors import EngineError
-from support import free_port
 
 ENGINES = {"vllm": VLLMEngine, "sglang": SGLangEngine}
 MODULES = {"vllm": "vllm", "sglang": "sglang"}
@@ -52,12 +52,6 @@ async def test_engine_served_launch_failure_is_reported(kind: str) -> None:
     with pytest.raises(EngineError, match=rf"{kind}: server exited with code \d+[\s\S]*{kind}"):
         await engine.start()
     assert not engine.server.running
-
-
-async def test_engine_served_vllm_tensor_updates_are_refused_with_advice() -> None:
-    engine = VLLMEngine("org/model")
-    with pytest.raises(EngineError, match="checkpoint path"):
-        await engine.update_weights([("w", b"\x00")])
 
 
 @pytest.mark.gpu
