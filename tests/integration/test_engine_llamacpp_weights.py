@@ -177,3 +177,82 @@ async def test_bad_updates_change_nothing(state, cache) -> None:
         assert await asyncio.wait_for(engine.health(), 5)
     finally:
         await engine.stop()
+
+
+@pytest.fixture(scope="module")
+def new_gguf(state, cache) -> Path:
+    """The perturbed weights written once as a GGUF (a path update swaps with no export)."""
+    from rollfleet.engines.gguf_export import export_gguf
+    from rollfleet.engines.llamacpp_model import bundled_gguf
+
+    return export_gguf(bundled_gguf(), perturbed(state).items(), cache / "fixed", "f16").path
+
+
+async def stream_until_swapped(engine: Any, prompt: str, after: int, weights: Any, max_tokens: int = 160) -> Any:
+    """Stream one greedy request; once ``after`` tokens arrived, swap ``weights`` in; the result."""
+    from rollfleet.engines.base import Delta, GenerationRequest, SamplingParams
+
+    request = GenerationRequest(prompt=prompt, params=SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
+    seen, swap = 0, None
+    async for item in engine.stream(request):
+        if isinstance(item, Delta):
+            seen += len(item.token_ids)
+            if seen >= after and swap is None:
+                swap = asyncio.create_task(engine.update_weights(weights, version=5))
+        else:
+            assert swap is not None
+            await swap
+            return item
+    raise AssertionError("the stream ended without a result")
+
+
+async def test_a_swap_mid_generation_goes_on_under_the_new_weights(cache, new_gguf) -> None:
+    """Interruptible: the running request is neither failed nor drained; its tokens from the
+    version change on are what a fresh engine on the new weights continues with (greedy, same
+    batch shapes: one sequence, its prompt and tokens so far prefilled in one chunk)."""
+    from rollfleet.engines.base import GenerationRequest, SamplingParams
+
+    engine = make_engine(cache)
+    await engine.start()
+    try:
+        result = await stream_until_swapped(engine, "Once upon a time", after=4, weights=new_gguf)
+    finally:
+        await engine.stop()
+    assert result.finish_reason.value == "length" and len(result.completion_token_ids) == 160
+    (first, v0), (cut, v1) = result.versions
+    assert (first, v0, v1) == (0, 0, 5) and 4 <= cut < 160, result.versions
+    fresh = make_engine(cache, new_gguf)
+    await fresh.start()
+    try:
+        head = list(result.prompt_token_ids) + list(result.completion_token_ids[:cut])
+        params = SamplingParams(max_tokens=160 - cut, temperature=0, ignore_eos=True)
+        rest = await fresh.generate(GenerationRequest(prompt=head, params=params))
+    finally:
+        await fresh.stop()
+    assert list(rest.completion_token_ids) == list(result.completion_token_ids[cut:])
+
+
+async def test_two_running_requests_survive_a_swap_and_say_where_it_came(cache, new_gguf) -> None:
+    engine = make_engine(cache)
+    await engine.start()
+    try:
+        other = asyncio.create_task(engine.chat([{"role": "user", "content": "Count to twenty."}], max_tokens=160,
+                                                temperature=0, ignore_eos=True))
+        result = await stream_until_swapped(engine, "Once upon a time", after=4, weights=new_gguf)
+        second = await other
+    finally:
+        await engine.stop()
+    for done in (result, second):
+        assert len(done.completion_token_ids) == 160 and done.weights_version == 5
+        assert [v for _, v in done.versions] == [0, 5] and 0 < done.versions[1][0] < 160
+
+
+async def test_drain_mode_waits_for_running_requests(cache, new_gguf) -> None:
+    engine = make_engine(cache, interruptible=False)
+    await engine.start()
+    try:
+        result = await stream_until_swapped(engine, "Once upon a time", after=4, weights=new_gguf)
+        assert engine.version == 5
+    finally:
+        await engine.stop()
+    assert result.versions == [(0, 0)] and len(result.completion_token_ids) == 160

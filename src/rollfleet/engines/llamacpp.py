@@ -10,6 +10,11 @@ competing for the same cores (see docs/engines.md for the measurement behind thi
 Abort is checked between two decode steps: an aborted request ends at once with the tokens
 it has, ``finish_reason="abort"``.
 
+Weight updates are interruptible: the new model is loaded between two decode steps, and every
+running sequence prefills its prompt and tokens so far again under it (the old KV cache went with
+the old model), then goes on decoding; its result's ``version_spans`` say where the version
+changed. ``interruptible=False`` makes a swap wait until the running requests end.
+
 Quantization: a GGUF in a type whose CPU kernels batch badly (Q4_1, Q5_0, Q5_1, the bundled
 model's Q4_1 among them) is served from a Q8_0 copy made once and cached
 (:func:`~rollfleet.engines.llamacpp_model.batch_friendly`): 8 sequences decode 1.44x faster,
@@ -69,11 +74,27 @@ class _Seq:
     out: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     decoder: TextDecoder = field(default_factory=TextDecoder)
+    spans: list[tuple[int, int]] = field(default_factory=list)  # (first token, weights version)
+    refilled: int | None = None  # after a swap: how much of prompt + out the new cache holds
 
     @property
     def position(self) -> int:
         """Number of tokens already in this sequence's KV cache."""
         return self.prefilled + max(len(self.out) - 1, 0)
+
+    @property
+    def decoding(self) -> bool:
+        """True when the next step feeds this sequence's last token (no prefill left)."""
+        return bool(self.out) and self.refilled is None
+
+    def swapped(self, version: int) -> None:
+        """New weights: the KV cache is gone; prefill again, prompt and tokens so far."""
+        if self.out:
+            self.refilled = 0
+            self.spans.append((len(self.out), version))
+        else:
+            self.prefilled = 0
+            self.spans[-1] = (0, version)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -195,10 +216,12 @@ class LlamaCppEngine(ThreadedEngine):
         batch_quant: bool = True,
         export_type: str = "f16",
         cache_dir: str | Path | None = None,
+        interruptible: bool = True,
         verbose: bool = False,
     ) -> None:
         self.path = Path(model_path) if model_path else bundled_gguf()
         self.prefix_cache, self.batch_quant = prefix_cache, batch_quant
+        self.interruptible = interruptible  # False: a swap waits for running requests to end
         self.export_type = check_out_type(export_type)  # of tensor updates: f16 or q8_0
         self.cache_dir = Path(cache_dir or gguf_cache_dir())
         self._exported: Path | None = None  # the GGUF written for the last tensor update
@@ -250,7 +273,9 @@ class LlamaCppEngine(ThreadedEngine):
     async def update_weights(self, weights: WeightSource, version: int | None = None) -> int:
         """Serve new weights: a GGUF path, or named tensors (transformers Llama names, torch or
         numpy) written as a GGUF first (:mod:`~rollfleet.engines.gguf_export`) while generation
-        goes on; then the model is swapped once running requests finish.
+        goes on; then the model is swapped between two decode steps and running requests go on:
+        their KV cache is prefilled again under the new weights and each result says where the
+        version changed (``interruptible=False``: the swap waits for them to finish).
 
         Bad tensors raise EngineError naming the tensor, and the old weights keep serving.
         Measured for SmolLM2-135M's state_dict on 2 shared cores: export 1.0-2.3 s (f16 or q8_0;
@@ -263,7 +288,7 @@ class LlamaCppEngine(ThreadedEngine):
         )
         asked = time.perf_counter()
 
-        def swap() -> float:  # on the scheduler thread, with no sequence running
+        def swap() -> tuple[float, int]:  # on the scheduler thread, between two decode steps
             begun = time.perf_counter()
             try:
                 new = self._load(path)
@@ -277,13 +302,13 @@ class LlamaCppEngine(ThreadedEngine):
             self._exported = path if exported or path == previous else None
             if previous is not None and previous != path:
                 previous.unlink(missing_ok=True)  # our previous export, served no more
-            return begun
+            return begun, self._next_version(version)  # before the next token is sampled
 
-        begun = await self.on_worker(swap)
+        begun, new = await self.on_worker(swap)
         done = time.perf_counter()
         self.last_update = WeightUpdate(path, asked - started, begun - asked, done - begun)
-        log.info("llamacpp: weights reloaded from %s (%s)", path, self.last_update)
-        return self._next_version(version)
+        log.info("llamacpp: weights version %d from %s (%s)", new, path, self.last_update)
+        return new
 
     def work(self) -> None:
         """The scheduler thread: run the batching loop, fail requests loudly on a crash."""
@@ -316,15 +341,24 @@ class _Scheduler:
     def loop(self) -> None:
         """Step until stopped."""
         while not self.stopping:
-            self._take_inbox(block=not self.running and not self.waiting)
+            self._take_inbox(block=not (self.running or self.waiting or self.controls))
             self._drop_aborted()
-            if self.controls and not self.running:
-                self.controls.popleft()()
+            if self.controls and (self.engine.interruptible or not self.running):
+                self._control(self.controls.popleft())
                 continue
             if not self.controls:
                 self._admit()
             if self.running:
                 self._step()
+
+    def _control(self, call: Callable[[], None]) -> None:
+        """Run a call for the worker between two steps; after a swap every running sequence
+        prefills again under the new weights (the old model's KV cache went with it)."""
+        before = self.engine.version
+        call()
+        if self.engine.version != before:
+            for seq in self.running.values():
+                seq.swapped(self.engine.version)
 
     @property
     def llm(self) -> LlamaCppModel:
@@ -367,7 +401,8 @@ class _Scheduler:
             rng = np.random.default_rng(pending.request.params.seed)
             kept = self.llm.reuse(slot, prompt) if self.engine.prefix_cache else 0
             self.engine.reused_tokens += kept
-            self.running[slot] = _Seq(pending, slot, prompt, rng, prefilled=kept)
+            spans = [(0, self.engine.version)]
+            self.running[slot] = _Seq(pending, slot, prompt, rng, prefilled=kept, spans=spans)
 
     def _prompt_ids(self, request: GenerationRequest) -> list[int]:
         if request.messages is not None:
@@ -388,10 +423,13 @@ class _Scheduler:
         sampled: list[tuple[_Seq, int]] = []
         budget = self.engine.n_batch
         for seq in self.running.values():  # decoding sequences first: one token each
-            if seq.out and budget:
+            if seq.decoding and budget:
                 entries.append((seq.out[-1], seq.position, seq.slot, True))
                 sampled.append((seq, len(entries) - 1))
                 budget -= 1
+        for seq in self.running.values():  # then sequences refilling after a swap
+            if seq.refilled is not None and budget:
+                budget -= self._refill(seq, entries, sampled, budget)
         for seq in self.running.values():  # then prompt chunks, as the budget allows
             if not seq.out and budget:
                 chunk = seq.prompt[seq.prefilled : seq.prefilled + budget]
@@ -410,6 +448,27 @@ class _Scheduler:
             return
         for seq, index in sampled:
             self._advance(seq, index)
+
+    @staticmethod
+    def _refill(
+        seq: _Seq,
+        entries: list[tuple[int, int, int, bool]],
+        sampled: list[tuple[_Seq, int]],
+        budget: int,
+    ) -> int:
+        """Add the next chunk of a swapped sequence's prompt and tokens so far; once all are in,
+        its next token is sampled from the new weights. Returns the entries added."""
+        assert seq.refilled is not None
+        tokens = seq.prompt + seq.out
+        chunk = tokens[seq.refilled : seq.refilled + budget]
+        for k, token in enumerate(chunk):
+            at = seq.refilled + k
+            entries.append((token, at, seq.slot, at == len(tokens) - 1))
+        seq.refilled += len(chunk)
+        if seq.refilled == len(tokens):
+            seq.refilled = None
+            sampled.append((seq, len(entries) - 1))
+        return len(chunk)
 
     def _advance(self, seq: _Seq, index: int) -> None:
         params = seq.pending.request.params
@@ -435,7 +494,8 @@ class _Scheduler:
     def _finish(self, seq: _Seq, reason: FinishReason, error: Exception | None = None) -> None:
         self.running.pop(seq.slot, None)
         done = error is None and reason is not FinishReason.ABORT
-        if done and self.engine.prefix_cache and seq.prefilled == len(seq.prompt):
+        whole = seq.prefilled == len(seq.prompt) and seq.refilled is None
+        if done and self.engine.prefix_cache and whole:
             # the KV cache holds the prompt and every generated token but (maybe) the last
             self.llm.keep(seq.slot, seq.prompt + seq.out[:-1])
         else:
@@ -444,10 +504,9 @@ class _Scheduler:
         if error is not None:
             seq.pending.finish(error)
             return
+        request, text = seq.pending.request, seq.decoder.text
         seq.pending.finish(
-            self.engine.result(
-                seq.pending.request, seq.decoder.text, seq.prompt, seq.out, seq.logprobs, reason
-            )
+            self.engine.result(request, text, seq.prompt, seq.out, seq.logprobs, reason, seq.spans)
         )
 
     def abort_all(self) -> None:
