@@ -85,7 +85,8 @@ async def test_answers_keep_their_json_field_names(api: tuple[httpx.AsyncClient,
     made = (await client.post("/batches", json={"batch_id": "s1", "tasks": ["a"]})).json()
     assert list(made) == [
         "batch_id", "batch_type", "expected_task_count", "min_wait_num", "state", "final_result", "policy",
-        "repeat_times", "created_at", "finished_at", "reason", "finalize_index", "carried_out",
+        "repeat_times", "created_at", "finished_at", "reason", "finalize_index", "carried_out", "max_staleness",
+        "admitted_at",
         "completed_task_count", "rollout_statuses"]
     await _complete_all(store, 1.0)
     final = (await client.post("/batches/s1/finalize", json={})).json()

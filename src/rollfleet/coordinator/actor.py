@@ -67,6 +67,10 @@ class CoordinatorActor:
         """Write a batch's experiences; returns their figures."""
         return await self._coordinator.process_experiences(batch_id, **kwargs)
 
+    async def set_policy_version(self, version: int) -> list[str]:
+        """Report the version the engines serve; the ids of held batches now admitted."""
+        return await self._coordinator.set_policy_version(version)
+
 
 def get_actor(
     store_url: str,

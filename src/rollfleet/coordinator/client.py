@@ -141,6 +141,11 @@ class CoordinatorClient:
             {"std_normalize": std_normalize},
         )
 
+    async def set_policy_version(self, version: int) -> list[str]:
+        """Report the version the engines serve; the ids of held batches now admitted."""
+        answer = await self._call(dict[str, Any], "POST", "/policy_version", {"version": version})
+        return list(answer["admitted"])
+
     async def close(self) -> None:
         """Close the connection pool."""
         await self._client.aclose()

@@ -10,6 +10,10 @@ The names and semantics follow Trinity-RFT's coordinator. What differs, on purpo
   rollouts are read again and every terminal one is counted.
 - A rollout whose runner died at dispatch is requeued by the store's leases; finalize runs the
   reaper while it waits so such a rollout never stalls the batch.
+- ``max_staleness`` k (per coordinator or per train batch) bounds how off-policy consumed samples
+  get: a batch is held back (state ``pending``, nothing enqueued) until it can be consumed within
+  k versions, and a finalize waits for the work it must consume; see ``staleness.py``. Trainers
+  report the version the engines serve with ``set_policy_version`` after each push.
 
 A batch's state changes only through ``state.move_batch`` (its transition table); callers get
 frozen records (``BatchInfo``, ``FinalizeResult``, ``AbortResult``, ``ExperienceStats``).
@@ -28,6 +32,7 @@ from typing import Any
 
 from rollfleet.coordinator.aggregate import batch_result, fetch_rollouts, write_batch_experiences
 from rollfleet.coordinator.experiences import ExperienceStats
+from rollfleet.coordinator.staleness import admissible, check_max_staleness, due, staleness
 from rollfleet.coordinator.state import (
     STATE_PREFIX,
     AbortResult,
@@ -44,12 +49,13 @@ from rollfleet.coordinator.state import (
     rollout_specs,
 )
 from rollfleet.errors import Conflict, InvalidInput, NotFound
-from rollfleet.model import ACTIVE_ROLLOUT, Rollout, RolloutConfig, RolloutStatus, now
+from rollfleet.model import ACTIVE_ROLLOUT, Rollout, RolloutConfig, RolloutSpec, RolloutStatus, now
 from rollfleet.store.base import Store
 
 log = logging.getLogger("rollfleet.coordinator")
 AbortHook = Callable[[str], Awaitable[None]]
 MAX_WAIT_SLICE_S = 60.0  # one long-poll at most this long (the HTTP store caps a wait at 300 s)
+POLICY_KEY = "coordinator/policy_version"  # the version the engines serve, as the trainer said
 S = BatchLifecycleState
 
 
@@ -67,6 +73,7 @@ class RolloutCoordinator:
         poll_interval_s: float = 0.2,
         reap_interval_s: float | None = 1.0,
         collect_tokens: bool = True,
+        max_staleness: int | None = None,
     ) -> None:
         self._store_arg = store
         self.store: Store | None = None if isinstance(store, str) else store
@@ -78,6 +85,9 @@ class RolloutCoordinator:
         self.poll_interval_s = poll_interval_s
         self.reap_interval_s = reap_interval_s
         self.collect_tokens = collect_tokens
+        self.max_staleness = check_max_staleness(max_staleness)  # default for train batches
+        self._served: int | None = None  # None: the engines follow the trainer at each finalize
+        self._admit_lock = asyncio.Lock()
         self._batches: dict[str, BatchState] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._commit_lock = asyncio.Lock()
@@ -105,8 +115,11 @@ class RolloutCoordinator:
         if latest is not None:
             self._finalize_count = (latest.finalize_index or 0) + 1
             self._pool = list(latest.carry_pool)
+        served = await self._s.get_state(POLICY_KEY)
+        self._served = None if not served else int(served["version"])
         active = [b.batch_id for b in self._batches.values() if not b.state.done]
         self._prepared = True
+        await self._admit_held()  # a coordinator restarted with room for held batches
         log.info(
             "coordinator ready: %d batches (%d active), %d straggler groups carried",
             len(self._batches),
@@ -176,13 +189,19 @@ class RolloutCoordinator:
         mode: str | None = None,
         config: RolloutConfig | None = None,
         priority: int = 0,
+        max_staleness: int | None = None,
     ) -> BatchInfo:
-        """Enqueue every task × repeat_times as rollouts (a group per task); returns at once."""
+        """Enqueue every task × repeat_times as rollouts (a group per task), or hold them while
+        ``max_staleness`` allows no more (state ``pending``); returns at once."""
         await self.prepare()
         batch_id = str(batch_id)
         chosen = check_submit(
             batch_id, tasks, batch_type, min_wait_num, repeat_times, policy, self.default_policy
         )
+        if batch_type == "eval" and max_staleness is not None:
+            raise InvalidInput("submit_batch: max_staleness bounds train batches, not eval ones")
+        bound = self.max_staleness if max_staleness is None else max_staleness
+        bound = check_max_staleness(bound) if batch_type == "train" else None
         with contextlib.suppress(NotFound):
             old = await self._batch(batch_id)
             raise Conflict(
@@ -198,23 +217,87 @@ class RolloutCoordinator:
             policy=chosen,
             repeat_times=repeat_times,
             created_at=now(),
+            max_staleness=bound,
         )
         self._batches[batch_id] = batch  # reserved: a concurrent submit of the same id is refused
         try:
             resources = await self._s.get_latest_resources()
             version = None if resources is None else resources.version
-            await self._s.enqueue_many(rollout_specs(batch, tasks, mode, config, priority, version))
+            specs = rollout_specs(batch, tasks, mode, config, priority, version)
+            async with self._admit_lock:
+                if bound is not None and (self._held() or not self._admissible(batch)):
+                    batch.held = specs
+                    await self._save(batch)
+                else:
+                    await self._admit(batch, specs)
         except BaseException:
             del self._batches[batch_id]
             raise
-        batch.statuses = {rid: RolloutStatus.QUEUING for rid in batch.rollout_ids}
-        move_batch(batch, S.RUNNING)
-        await self._save(batch)
         log.info(
-            "batch %s submitted: %s, %d tasks × %d, min_wait_num=%s, policy=%s",
+            "batch %s submitted: %s, %d tasks × %d, min_wait_num=%s, policy=%s%s",
             batch_id, batch_type, len(tasks), repeat_times, min_wait_num, chosen.value,
+            "" if bound is None else f", max_staleness={bound}" + (
+                ", held back" if batch.held else ""),
         )  # fmt: skip
         return batch.info()
+
+    # --- staleness control ----------------------------------------------------------------------
+
+    @property
+    def policy_version(self) -> int:
+        """The policy version the engines serve (the trainer's report, else its finalize count)."""
+        return self._finalize_count if self._served is None else self._served
+
+    async def set_policy_version(self, version: int) -> list[str]:
+        """Record that every engine now serves ``version`` (after a weights push); held batches
+        that now fit ``max_staleness`` are enqueued. Returns their ids."""
+        await self.prepare()
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise InvalidInput(f"policy version must be a non-negative integer, got {version!r}")
+        if self._served is not None and version < self._served:
+            raise Conflict(f"policy version {version} is older than {self._served}, served now")
+        await self._s.put_state(POLICY_KEY, {"version": version})
+        self._served = version
+        log.info("policy version %d served", version)
+        return await self._admit_held()
+
+    def _running_train(self) -> list[BatchState]:
+        """Train batches admitted and not finalized yet, in admission order."""
+        live = (S.RUNNING, S.FINALIZING)
+        found = [b for b in self._batches.values() if b.batch_type == "train" and b.state in live]
+        return sorted(found, key=lambda b: b.created_at)
+
+    def _held(self) -> list[BatchState]:
+        """Batches held back by max_staleness, oldest first."""
+        found = [b for b in self._batches.values() if b.state is S.PENDING and b.held]
+        return sorted(found, key=lambda b: b.created_at)
+
+    def _admissible(self, batch: BatchState) -> bool:
+        ahead = len(self._running_train())
+        return admissible(batch.max_staleness, self._finalize_count, self.policy_version, ahead)
+
+    async def _admit(self, batch: BatchState, specs: list[RolloutSpec]) -> None:
+        """Enqueue a batch's rollouts (again after a crash: ids are deterministic) and run it."""
+        await self._s.enqueue_many(specs)
+        batch.statuses = {rid: RolloutStatus.QUEUING for rid in batch.rollout_ids}
+        if batch.batch_type == "train":
+            batch.admitted_at = self.policy_version
+        batch.held = []
+        move_batch(batch, S.RUNNING)
+        await self._save(batch)
+
+    async def _admit_held(self) -> list[str]:
+        """Enqueue held batches, oldest first, while max_staleness allows."""
+        admitted: list[str] = []
+        async with self._admit_lock:
+            for batch in self._held():
+                if not self._admissible(batch):
+                    break
+                await self._admit(batch, batch.held)
+                admitted.append(batch.batch_id)
+                log.info("batch %s admitted at policy version %d", batch.batch_id,
+                         self.policy_version)  # fmt: skip
+        return admitted
 
     # --- finalize -------------------------------------------------------------------------------
 
@@ -255,45 +338,101 @@ class RolloutCoordinator:
         async with self._locks.setdefault(batch_id, asyncio.Lock()):
             if batch.state is S.FINALIZED and batch.final_result is not None:
                 return batch.final_result
+            self._check_order(batch)
             if batch.state is not S.FINALIZING:  # FINALIZING: a finalize cut short, resumed here
                 move_batch(batch, S.FINALIZING)  # an aborted (or finalized) batch is refused
                 await self._save(batch)
             grace = self.wait_after_min if wait_after_min is None else wait_after_min
-            await self._wait(batch, timeout, grace)
+            index = self._finalize_count
+            whole = kind == "train" and due(batch.max_staleness, batch.admitted_at, index)
+            must = [r for c in self._pool if due(c.max_staleness, c.admitted_at, index)
+                    for r in c.rollout_ids] if kind == "train" else []  # fmt: skip
+            await self._wait(batch, timeout, grace, whole, must)
             stragglers = [g for g, ids in batch.groups().items() if not batch.task_done(ids)]
             if stragglers and (batch.policy is StragglerPolicy.CANCEL or kind == "eval"):
                 await self._cancel([r for g in stragglers for r in batch.groups()[g]], batch)
                 stragglers = []
             async with self._commit_lock:
-                return await self._commit(batch, stragglers)
+                await self._check_due(batch, stragglers if whole else [], must)
+                result = await self._commit(batch, stragglers)
+            await self._admit_held()
+            return result
 
-    async def _wait(self, batch: BatchState, timeout: float | None, grace: float) -> None:
-        """Wait for every rollout, or min_wait_num tasks plus ``grace`` seconds, or the timeout."""
+    def _check_order(self, batch: BatchState) -> None:
+        """Refuse a finalize that would leave a batch staler than its max_staleness."""
+        if batch.state is S.PENDING and batch.held:
+            raise Conflict(
+                f"batch {batch.batch_id} is held back by max_staleness {batch.max_staleness}: "
+                "finalize the train batches before it (or push weights and set the policy "
+                "version) first"
+            )
+        if batch.batch_type != "train" or batch.state is not S.RUNNING:
+            return
+        index = self._finalize_count
+        for other in self._running_train():
+            if other is not batch and due(other.max_staleness, other.admitted_at, index):
+                raise Conflict(
+                    f"finalize batch {other.batch_id} first: it must be consumed now to stay "
+                    f"within its max_staleness {other.max_staleness}"
+                )
+
+    async def _check_due(self, batch: BatchState, own: list[str], must: list[str]) -> None:
+        """Conflict (the batch stays finalizing) when work due now is still running: carrying it
+        over would make it staler than its max_staleness, and dropping it would lose it."""
+        groups = batch.groups()
+        left = [r for g in own for r in groups[g]]
+        found = await fetch_rollouts(self._s, must)
+        left += [r.rollout_id for r in found if not r.terminal]
+        if left:
+            raise Conflict(
+                f"batch {batch.batch_id}: {len(left)} rollouts (first {left[0]}) must be consumed"
+                " by this finalize to stay within max_staleness and are still running: finalize"
+                " again later, with a longer timeout"
+            )
+
+    async def _wait(
+        self,
+        batch: BatchState,
+        timeout: float | None,
+        grace: float,
+        whole: bool = False,
+        must: list[str] | None = None,
+    ) -> None:
+        """Wait for every rollout, or min_wait_num tasks plus ``grace`` seconds, or the timeout;
+        ``whole``: every rollout of the batch; ``must``: these other rollouts too."""
         start = time.monotonic()
         deadline = None if timeout is None else start + timeout
-        wait_all = batch.policy is StragglerPolicy.WAIT
+        wait_all = whole or batch.policy is StragglerPolicy.WAIT
         target = batch.expected_task_count if wait_all else batch.wait_target
         grace_end: float | None = None
         last_reap = start
+        others: dict[str, RolloutStatus] = {r: RolloutStatus.QUEUING for r in must or []}
         while True:
             check_batch_transition(batch, S.FINALIZED)  # abort_batch stops a finalize that waits
+            owed = [r for r, status in others.items() if not status.terminal]
             pending = [r for r in batch.rollout_ids if not batch.statuses[r].terminal]
             clock = time.monotonic()
-            if not pending or (deadline is not None and clock >= deadline):
+            if not (pending or owed) or (deadline is not None and clock >= deadline):
                 return
             if grace_end is None and batch.completed_task_count >= target:
                 grace_end = clock + grace
-            if grace_end is not None and clock >= grace_end:
+            past = grace_end is not None and clock >= grace_end
+            if past and not owed:
                 return
-            stops = [t - clock for t in (deadline, grace_end) if t is not None]
+            watch = owed if past else pending + owed  # past the grace: only the work due now
+            stops = [t - clock for t in (deadline, None if past else grace_end) if t is not None]
             # past min_wait_num: one long-poll to the stop; before: short slices to see the count
-            wait = min(stops) if grace_end is not None else min([self.poll_interval_s, *stops])
+            if grace_end is None:
+                wait = min([self.poll_interval_s, *stops])
+            else:
+                wait = min(stops, default=MAX_WAIT_SLICE_S)
             if self.reap_interval_s is not None and clock - last_reap >= self.reap_interval_s:
                 await self._s.reap()  # a runner dead at dispatch: its lease lapses, it is requeued
                 last_reap = clock
             slice_s = min(MAX_WAIT_SLICE_S, max(0.0, wait))
-            found = await self._s.wait_for_rollouts(pending, timeout=slice_s)
-            batch.statuses.update({r.rollout_id: r.status for r in found})
+            found = await self._s.wait_for_rollouts(watch, timeout=slice_s)
+            for r in found:
+                (others if r.rollout_id in others else batch.statuses)[r.rollout_id] = r.status
 
     async def _cancel(self, rollout_ids: list[str], batch: BatchState) -> None:
         """Cancel the non-terminal rollouts (running ones through the abort hook too), re-read."""
@@ -314,16 +453,20 @@ class RolloutCoordinator:
     async def _commit(self, batch: BatchState, stragglers: list[str]) -> FinalizeResult:
         """Take the finished groups (and carried ones now done), aggregate, persist FINALIZED."""
         groups = batch.groups()
-        included = {r: 0 for g, ids in groups.items() if g not in stragglers for r in ids}
         index = self._finalize_count if batch.batch_type == "train" else None
+        at = index or 0
+        own = staleness(at, batch.admitted_at, 0)
+        included = {r: own for g, ids in groups.items() if g not in stragglers for r in ids}
         pool = self._pool if batch.batch_type == "train" else []
         ready, still = await self._split_pool(pool)
         for c in ready:
-            included.update({r: (index or 0) - c.origin_index for r in c.rollout_ids})
+            late = staleness(at, c.admitted_at, at - c.origin_index)
+            included.update({r: late for r in c.rollout_ids})
         rollouts = await fetch_rollouts(self._s, list(included))
         carried = [
             Carried(group_id=g, rollout_ids=groups[g], origin_batch_id=batch.batch_id,
-                    origin_index=index or 0)
+                    origin_index=at, admitted_at=batch.admitted_at,
+                    max_staleness=batch.max_staleness)
             for g in stragglers
         ]  # fmt: skip
         result = await batch_result(
@@ -380,8 +523,9 @@ class RolloutCoordinator:
             self._s, batch, used, batch.included, collect_tokens=self.collect_tokens
         )
         aborted = AbortResult(**dict(result), reason=reason)
-        batch.final_result, batch.finished_at = aborted, now()
+        batch.final_result, batch.finished_at, batch.held = aborted, now(), []
         await self._save(batch)
+        await self._admit_held()  # an aborted batch makes room for held ones
         log.info(
             "batch %s aborted (%s): %d finished results %s", batch.batch_id, reason, len(kept),
             "kept" if keep_partial_results else "not used",

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rollfleet.coordinator.coordinator import RolloutCoordinator
 from rollfleet.coordinator.experiences import ExperienceStats
+from rollfleet.coordinator.staleness import MAX_STALENESS_BOUND
 from rollfleet.coordinator.state import (
     AbortResult,
     BatchInfo,
@@ -49,6 +50,9 @@ class SubmitBatch(BaseModel):
     mode: str | None = None
     config: RolloutConfig | None = None
     priority: int = Field(default=0, gt=-PRIORITY_BOUND, lt=PRIORITY_BOUND)
+    max_staleness: int | None = Field(
+        default=None, ge=0, le=MAX_STALENESS_BOUND, description="train: versions a sample may lag"
+    )
 
     @model_validator(mode="after")
     def _one_kind(self) -> SubmitBatch:
@@ -63,6 +67,14 @@ class SubmitBatch(BaseModel):
                 f"{MAX_BATCH_ROLLOUTS}"
             )
         return self
+
+
+class PolicyVersion(BaseModel):
+    """Body of ``POST /batches/policy_version``: the version every engine serves now."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: int = Field(ge=0, le=2**63 - 1)
 
 
 class FinalizeBatch(BaseModel):
@@ -107,7 +119,14 @@ def coordinator_router(coordinator: RolloutCoordinator) -> APIRouter:
             mode=body.mode,
             config=body.config,
             priority=body.priority,
+            max_staleness=body.max_staleness,
         )
+
+    @r.post("/policy_version")
+    async def policy_version(body: PolicyVersion) -> dict[str, Any]:
+        """Report the policy version the engines serve; held batches that now fit are admitted."""
+        admitted = await coordinator.set_policy_version(body.version)
+        return {"version": body.version, "admitted": admitted}
 
     @r.get("")
     async def list_batches() -> list[BatchInfo]:

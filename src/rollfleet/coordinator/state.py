@@ -41,7 +41,7 @@ _S = BatchLifecycleState
 # The one transition table: a batch runs once submitted, is finalized or aborted; nothing after.
 # Every other change raises Conflict (HTTP 409).
 BATCH_TRANSITIONS: dict[BatchLifecycleState, frozenset[BatchLifecycleState]] = {
-    _S.PENDING: frozenset({_S.RUNNING}),
+    _S.PENDING: frozenset({_S.RUNNING, _S.ABORTED}),  # pending: held by max_staleness
     _S.RUNNING: frozenset({_S.FINALIZING, _S.ABORTED}),
     _S.FINALIZING: frozenset({_S.FINALIZED, _S.ABORTED}),
     _S.FINALIZED: frozenset(),
@@ -88,6 +88,8 @@ class Carried(BaseModel):
     rollout_ids: list[str]
     origin_batch_id: str
     origin_index: int  # finalize_index of the batch that carried it out
+    admitted_at: int | None = None  # policy version served when its batch was admitted
+    max_staleness: int | None = None  # its batch's bound: it must be consumed within it
 
 
 class FinalizeResult(Record):
@@ -141,6 +143,9 @@ class BatchState(BaseModel):
     carried_out: list[str] = Field(default_factory=list)  # groups this finalize left running
     # every straggler group pending after it
     carry_pool: list[Carried] = Field(default_factory=list)
+    max_staleness: int | None = None  # train batches: consumed within this many versions
+    admitted_at: int | None = None  # policy version served when its rollouts were enqueued
+    held: list[RolloutSpec] = Field(default_factory=list)  # PENDING: waiting for admission
 
     @property
     def rollout_ids(self) -> list[str]:
@@ -187,7 +192,7 @@ class BatchState(BaseModel):
         counts: dict[RolloutStatus, int] = {}
         for status in self.statuses.values():
             counts[status] = counts.get(status, 0) + 1
-        fields = self.model_dump(exclude={"statuses", "included", "carry_pool"})
+        fields = self.model_dump(exclude={"statuses", "included", "carry_pool", "held"})
         return BatchInfo(**fields, rollout_statuses=counts)
 
 
@@ -207,6 +212,8 @@ class BatchInfo(Record):
     reason: str | None = None
     finalize_index: int | None = None
     carried_out: list[str] = Field(default_factory=list)
+    max_staleness: int | None = None
+    admitted_at: int | None = None  # None while held back by max_staleness (state pending)
     completed_task_count: int  # tasks whose every repeat is terminal
     rollout_statuses: dict[RolloutStatus, int] = Field(default_factory=dict)
 

@@ -26,6 +26,16 @@ WeightSource = NamedTensors | str | Path
 """What ``update_weights`` accepts: named tensors in memory, or a checkpoint path."""
 
 
+class WeightsDelta(list[tuple[str, Any]]):
+    """Named tensors that replace only some weights: every weight not named keeps its value in
+    weights version ``base``, the one the delta was computed against. Engines tell a delta from
+    a full update (which must name every weight) by this type."""
+
+    def __init__(self, tensors: Iterable[tuple[str, Any]], base: int) -> None:
+        super().__init__(tensors)
+        self.base = base
+
+
 def message_text(content: Any) -> str:
     """Flatten OpenAI message content (a string or a list of parts) to text."""
     if content is None:

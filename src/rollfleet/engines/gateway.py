@@ -27,8 +27,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollfleet.engines.base import Engine, Generation, GenerationRequest, StreamItem
-from rollfleet.engines.weights import WeightsDelta
+from rollfleet.engines.base import Engine, Generation, GenerationRequest, StreamItem, WeightsDelta
 from rollfleet.errors import Conflict, EngineError, InvalidInput, NotFound
 from rollfleet.model import StepIn
 

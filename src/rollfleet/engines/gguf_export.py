@@ -473,7 +473,7 @@ async def weights_gguf(
     tensors written into ``directory`` with ``base``'s metadata (in a thread). ``base`` is the
     GGUF being served: a delta (``partial``; by default, whether ``weights`` is a
     :class:`~rollfleet.engines.weights.WeightsDelta`) takes the weights it does not send from it."""
-    from rollfleet.engines.weights import WeightsDelta
+    from rollfleet.engines.base import WeightsDelta
 
     if partial is None:
         partial = isinstance(weights, WeightsDelta)

@@ -143,7 +143,7 @@ class HFEngine(ThreadedEngine):
         every parameter; a :class:`~rollfleet.engines.weights.WeightsDelta` only those that
         changed since its base version, which must be the one this engine serves (Conflict); a
         checkpoint is loaded as it is."""
-        from rollfleet.engines.weights import WeightsDelta
+        from rollfleet.engines.base import WeightsDelta
         from rollfleet.errors import Conflict
 
         tensors = _safetensors(Path(weights)) if isinstance(weights, (str, Path)) else weights

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from rollfleet.engines.base import WeightsDelta
 from rollfleet.engines.buckets import bucket_tensors
 from rollfleet.errors import InvalidInput
 
@@ -68,16 +69,6 @@ class TensorHeader:
     dtype: str
     shape: tuple[int, ...]
     nbytes: int
-
-
-class WeightsDelta(list[tuple[str, Any]]):
-    """Named tensors that replace only some weights: every weight not named keeps its value in
-    weights version ``base``, the one the delta was computed against. Engines tell a delta from
-    a full update (which must name every weight) by this type."""
-
-    def __init__(self, tensors: Iterable[tuple[str, Any]], base: int) -> None:
-        super().__init__(tensors)
-        self.base = base
 
 
 def delta_base(headers: Mapping[str, str]) -> int | None:
