@@ -187,7 +187,11 @@ class _Shaper:
             model=g.model,
             usage=g.usage,
             prompt_token_ids=g.prompt_token_ids,
-            rollfleet={"engine": g.engine, "weights_version": g.weights_version},
+            rollfleet={
+                "engine": g.engine,
+                "weights_version": g.weights_version,
+                "weights_versions": [list(span) for span in g.versions],
+            },
         )
         return body
 
