@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,18 +42,17 @@ from rollfleet.coordinator.state import (
     Carried,
     FinalizeResult,
     StragglerPolicy,
-    check_batch_transition,
     check_submit,
     move_batch,
     rollout_specs,
 )
+from rollfleet.coordinator.waiting import wait_for_batch
 from rollfleet.errors import Conflict, InvalidInput, NotFound
 from rollfleet.model import ACTIVE_ROLLOUT, Rollout, RolloutConfig, RolloutSpec, RolloutStatus, now
 from rollfleet.store.base import Store
 
 log = logging.getLogger("rollfleet.coordinator")
 AbortHook = Callable[[str], Awaitable[None]]
-MAX_WAIT_SLICE_S = 60.0  # one long-poll at most this long (the HTTP store caps a wait at 300 s)
 POLICY_KEY = "coordinator/policy_version"  # the version the engines serve, as the trainer said
 S = BatchLifecycleState
 
@@ -347,7 +345,10 @@ class RolloutCoordinator:
             whole = kind == "train" and due(batch.max_staleness, batch.admitted_at, index)
             must = [r for c in self._pool if due(c.max_staleness, c.admitted_at, index)
                     for r in c.rollout_ids] if kind == "train" else []  # fmt: skip
-            await self._wait(batch, timeout, grace, whole, must)
+            await wait_for_batch(
+                self._s, batch, timeout, grace, whole, must,
+                poll_interval_s=self.poll_interval_s, reap_interval_s=self.reap_interval_s,
+            )  # fmt: skip
             stragglers = [g for g, ids in batch.groups().items() if not batch.task_done(ids)]
             if stragglers and (batch.policy is StragglerPolicy.CANCEL or kind == "eval"):
                 await self._cancel([r for g in stragglers for r in batch.groups()[g]], batch)
@@ -389,50 +390,6 @@ class RolloutCoordinator:
                 " by this finalize to stay within max_staleness and are still running: finalize"
                 " again later, with a longer timeout"
             )
-
-    async def _wait(
-        self,
-        batch: BatchState,
-        timeout: float | None,
-        grace: float,
-        whole: bool = False,
-        must: list[str] | None = None,
-    ) -> None:
-        """Wait for every rollout, or min_wait_num tasks plus ``grace`` seconds, or the timeout;
-        ``whole``: every rollout of the batch; ``must``: these other rollouts too."""
-        start = time.monotonic()
-        deadline = None if timeout is None else start + timeout
-        wait_all = whole or batch.policy is StragglerPolicy.WAIT
-        target = batch.expected_task_count if wait_all else batch.wait_target
-        grace_end: float | None = None
-        last_reap = start
-        others: dict[str, RolloutStatus] = {r: RolloutStatus.QUEUING for r in must or []}
-        while True:
-            check_batch_transition(batch, S.FINALIZED)  # abort_batch stops a finalize that waits
-            owed = [r for r, status in others.items() if not status.terminal]
-            pending = [r for r in batch.rollout_ids if not batch.statuses[r].terminal]
-            clock = time.monotonic()
-            if not (pending or owed) or (deadline is not None and clock >= deadline):
-                return
-            if grace_end is None and batch.completed_task_count >= target:
-                grace_end = clock + grace
-            past = grace_end is not None and clock >= grace_end
-            if past and not owed:
-                return
-            watch = owed if past else pending + owed  # past the grace: only the work due now
-            stops = [t - clock for t in (deadline, None if past else grace_end) if t is not None]
-            # past min_wait_num: one long-poll to the stop; before: short slices to see the count
-            if grace_end is None:
-                wait = min([self.poll_interval_s, *stops])
-            else:
-                wait = min(stops, default=MAX_WAIT_SLICE_S)
-            if self.reap_interval_s is not None and clock - last_reap >= self.reap_interval_s:
-                await self._s.reap()  # a runner dead at dispatch: its lease lapses, it is requeued
-                last_reap = clock
-            slice_s = min(MAX_WAIT_SLICE_S, max(0.0, wait))
-            found = await self._s.wait_for_rollouts(watch, timeout=slice_s)
-            for r in found:
-                (others if r.rollout_id in others else batch.statuses)[r.rollout_id] = r.status
 
     async def _cancel(self, rollout_ids: list[str], batch: BatchState) -> None:
         """Cancel the non-terminal rollouts (running ones through the abort hook too), re-read."""
