@@ -70,3 +70,38 @@ def test_status_shows_each_engine_and_its_weights_version(tmp_path: Path) -> Non
     assert "Engines (1)" in done.stdout and "weights version" in done.stdout
     row = next(line for line in done.stdout.splitlines() if "llamacpp" in line and "SmolLM2" in line)
     assert "│ 0 " in row and "0/" in row
+
+
+async def test_a_push_shows_its_version_in_the_dashboard_models_and_status(tmp_path: Path) -> None:
+    """After a trainer's push, every view of the engines says the new version: the dashboard's
+    engine panel data, /v1/models, and ``rollfleet status``."""
+    import asyncio
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    import httpx
+
+    require(bool(importlib.util.find_spec("transformers") and importlib.util.find_spec("torch")), "transformers and torch")
+    from rollfleet.engines.hf import tiny_hf_model
+    from rollfleet.engines.weights import push_weights
+
+    server = ServerThread(f"sqlite:///{tmp_path}/s.db", parts=control_plane_parts(engine=EngineOptions("hf")))
+    await asyncio.to_thread(server.start, 120)
+    try:
+        answer = await push_weights(server.url, tiny_hf_model(seed=3)[0].state_dict().items(), version=4)
+        assert answer["version"] == 4
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            panel = (await client.get("/dashboard/api/extras/engines")).json()
+            models = (await client.get("/v1/models")).json()
+        assert [e["weights_version"] for e in panel["items"]] == [4]
+        assert [m["weights_version"] for m in models["data"]] == [4]
+        done = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "rollfleet.cli", "status", "--store", server.url],
+            capture_output=True, text=True, timeout=60, check=False, env={**os.environ, "COLUMNS": "200"})
+    finally:
+        await asyncio.to_thread(server.stop)
+    assert done.returncode == 0, done.stderr
+    row = next(line for line in done.stdout.splitlines() if "hf-0" in line or " hf " in line)
+    assert " 4 " in row, done.stdout
