@@ -26,7 +26,7 @@ LAYERS: list[set[str]] = [
     {"envs"},
     {"runner"},
     {"agents", "testing", "examples"},
-    {"coordinator"},
+    {"coordinator", "train"},
     {"compose"},
     {"run"},
     {"cli", "__init__", "__main__"},
