@@ -200,6 +200,11 @@ class RolloutCoordinator:
             raise InvalidInput("submit_batch: max_staleness bounds train batches, not eval ones")
         bound = self.max_staleness if max_staleness is None else max_staleness
         bound = check_max_staleness(bound) if batch_type == "train" else None
+        if bound is not None and self._served is None:
+            raise Conflict(
+                "submit_batch: max_staleness needs the policy version the engines serve: call "
+                "set_policy_version(v) before the first batch, and after each weights push"
+            )
         with contextlib.suppress(NotFound):
             old = await self._batch(batch_id)
             raise Conflict(
@@ -243,7 +248,8 @@ class RolloutCoordinator:
 
     @property
     def policy_version(self) -> int:
-        """The policy version the engines serve (the trainer's report, else its finalize count)."""
+        """The policy version the engines serve: the trainer's report; without one (no batch is
+        bounded then), the engines are taken to follow each finalize."""
         return self._finalize_count if self._served is None else self._served
 
     async def set_policy_version(self, version: int) -> list[str]:

@@ -3,7 +3,9 @@
 Versions are counted in train finalizes: the finalize with index ``c`` hands its samples to the
 trainer step that starts from policy version ``c``. A sample's staleness is ``c`` minus the
 version of the weights that made its oldest token. Engines lag the trainer: they serve version
-``served`` <= ``trained`` (the number of train finalizes so far) until the trainer pushes.
+``served`` <= ``trained`` (the number of train finalizes so far) until the trainer pushes. The
+trainer reports ``served`` (``set_policy_version``) before its first bounded batch and after each
+push: a bound on a guess would be no bound, so a bounded batch without a report is refused.
 
 The rules below keep every consumed sample within k and throw no finished sample away:
 
