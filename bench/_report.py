@@ -222,11 +222,35 @@ def sandbox_rows(d: dict[str, Any]) -> list[str]:
             f"{c['score/unittest+none']['p50'] / c['score/judge+bwrap']['p50']:.2f}× |"]
 
 
+def train_sched_rows(d: dict[str, Any]) -> list[str]:
+    c, s, sync = d["config"], d["summary"], d["summary"]["0"]
+    ceiling, rounds = d["ceiling_speedup"]["median"], c["rounds"]
+
+    def cell(f: dict[str, Any]) -> str:
+        return f"{f['median']:.1f} [{f['min']:.1f}–{f['max']:.1f}]"
+
+    rows = []
+    for k in (str(k) for k in c["ks"] if k):
+        f = s[k]
+        rows.append(f"| scheduler | samples consumed/s, simulated RL loop through the coordinator ({c['tasks']} "
+                    f"log-normal tasks a batch, train {c['train_s']} s + push {c['push_s']} s), max_staleness "
+                    f"K={k} vs synchronous, median [range] of {rounds} alternating rounds | {cell(f['samples_per_s'])}"
+                    f", staleness max {f['staleness_measured_max']} | {cell(sync['samples_per_s'])} (K=0) | "
+                    f"{f['speedup_vs_sync']['median']:.2f}× (ceiling {ceiling:.2f}×; AReaL reports up to "
+                    f"{d['areal']['speedup']}× on GPUs) |")
+    checks = d["checks"]
+    rows.append(f"| scheduler | consumed samples staler than K / finished samples never consumed / consumed "
+                f"twice, all runs | {checks['over_k']} / {checks['never_consumed']} / {checks['consumed_twice']} "
+                f"| – | goal 0 |")
+    return rows
+
+
 SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
     ("store_throughput", store_rows), ("end_to_end", e2e_rows), ("pool", pool_rows), ("engines", engine_rows),
     ("stragglers", straggler_rows), ("dashboard", dashboard_rows), ("cluster", cluster_rows), ("run", run_rows), ("weights", weights_rows),
     ("weights_delta", weights_delta_rows),
     ("wire_parse", wire_rows), ("refactor_ab", ab_rows), ("sandbox", sandbox_rows),
+    ("train_sched", train_sched_rows),
 ]
 
 
