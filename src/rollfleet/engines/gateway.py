@@ -250,7 +250,9 @@ class Gateway:
         in the answer). With ``base``, the tensors are a delta computed against version
         ``base``: every replica must serve exactly that version (Conflict otherwise, before any
         changes: on another base the delta would silently corrupt the model), and the weights
-        not sent keep their values."""
+        not sent keep their values. The answer has each replica's update time (``update_s``)
+        and, for engines that measure it (``last_pause_s``), how long its generation stopped
+        (``pause_s``)."""
         async with self._updating:
             current = self.weights_version
             if version <= current:
@@ -266,18 +268,22 @@ class Gateway:
                         f"weights delta computed against version {base}, but {', '.join(others)}"
                     )
                 tensors = WeightsDelta(tensors, base)
-            pauses: dict[str, float] = {}
+            totals: dict[str, float] = {}
+            pauses: dict[str, float] = {}  # generation stopped, where the engine measures it
             for replica in list(self.router.replicas.values()):
                 started = time.monotonic()
                 try:
                     await replica.engine.update_weights(tensors, version)
                 except EngineError as exc:
                     raise InvalidInput(f"{replica.replica_id}: {exc}") from exc
-                pauses[replica.replica_id] = round(time.monotonic() - started, 6)
+                totals[replica.replica_id] = round(time.monotonic() - started, 6)
+                pause = getattr(replica.engine, "last_pause_s", None)
+                if pause is not None:
+                    pauses[replica.replica_id] = round(pause, 6)
                 log.info("gateway: %s now serves weights version %d", replica.replica_id, version)
             delta = {} if base is None else {"base": base}
-            return {"version": version, **delta, "tensors": len(tensors), "update_s": pauses,
-                    "replicas": self.replicas()}  # fmt: skip
+            return {"version": version, **delta, "tensors": len(tensors), "update_s": totals,
+                    "pause_s": pauses, "replicas": self.replicas()}  # fmt: skip
 
     @property
     def in_flight(self) -> int:

@@ -1,18 +1,23 @@
-"""Hugging Face transformers engine (CPU or GPU), batched, with in-place weight updates.
+"""Hugging Face transformers engine (CPU or GPU), batched, with double-buffered weight updates.
 
 One worker thread owns the model. It takes up to ``max_batch`` waiting requests, left-pads
 them into one batch and decodes token by token with the KV cache, checking each row's abort
-flag between tokens. Weight updates run between batches on the same thread, so no
-generation ever sees half-updated weights; tensors arrive through
-:mod:`rollfleet.engines.buckets` and are copied into the live parameters in place.
+flag between tokens. Weight updates are copied into a second copy of the model (the standby)
+while generation goes on, and the worker swaps the two between two decode steps, so no
+generation ever sees half-updated weights and decoding stops only for the swap (and the KV
+recompute of running rows). ``double_buffer=False`` copies into the live parameters in place
+on the worker instead (half the memory, generation stopped for the whole copy).
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import logging
 import queue
+import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +101,7 @@ class HFEngine(ThreadedEngine):
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         local_files_only: bool = True,
         interruptible: bool = True,
+        double_buffer: bool = True,
     ) -> None:
         super().__init__(model if isinstance(model, str) else type(model).__name__)
         self._source, self._tokenizer_source = model, tokenizer
@@ -105,6 +111,11 @@ class HFEngine(ThreadedEngine):
         self.tokenizer: Any = None
         self.held: list[Any] = []  # inbox items that arrived during a batch (worker thread only)
         self.interruptible = interruptible  # False: a swap waits for the running batch to end
+        self.double_buffer = double_buffer  # False: updates copy into the live model in place
+        self.standby: Any = None  # the second copy of the model, made on the first update
+        self.stale: set[str] = set()  # tensors whose standby values lag the live model's
+        self.last_pause_s: float | None = None  # the worker's time in the last update
+        self._updating = asyncio.Lock()  # one update at a time: they share the standby
 
     async def start(self) -> None:
         """Load the model (from a path/name or the given object) and start the worker thread."""
@@ -137,37 +148,100 @@ class HFEngine(ThreadedEngine):
         self.hf_model.to(self.device).eval()
 
     async def update_weights(self, weights: WeightSource, version: int | None = None) -> int:
-        """Copy new tensors (or a safetensors checkpoint) into the live model between two decode
-        steps. Running requests are not stopped: their KV cache is recomputed under the new
-        weights and they go on; each result says where the version changed. Named tensors name
-        every parameter; a :class:`~rollfleet.engines.weights.WeightsDelta` only those that
-        changed since its base version, which must be the one this engine serves (Conflict); a
-        checkpoint is loaded as it is."""
+        """Install new tensors (or a safetensors checkpoint) between two decode steps. Running
+        requests are not stopped: their KV cache is recomputed under the new weights and they
+        go on; each result says where the version changed. Named tensors name every parameter;
+        a :class:`~rollfleet.engines.base.WeightsDelta` only those that changed since its base
+        version, which must be the one this engine serves (Conflict); a checkpoint is loaded
+        as it is. Every tensor is checked before anything changes: a refused update changes
+        nothing. ``last_pause_s`` is then how long the worker stopped generating for it.
+
+        With ``double_buffer`` the tensors go into the standby copy while generation goes on
+        and the worker only swaps the two models; an update that has started runs to its end
+        even if its caller is cancelled (the standby is never left half-written)."""
         from rollfleet.engines.base import WeightsDelta
-        from rollfleet.errors import Conflict
 
         tensors = _safetensors(Path(weights)) if isinstance(weights, (str, Path)) else weights
         base = weights.base if isinstance(weights, WeightsDelta) else None
         complete = base is None and not isinstance(weights, (str, Path))
-
-        def swap() -> tuple[int, int]:  # on the worker: no step sees half-copied weights
-            if base is not None and base != self.version:
-                raise Conflict(
-                    f"hf: weights delta computed against version {base},"
-                    f" this engine serves {self.version}"
-                )
-            count = self._copy_in(tensors, complete)
-            return count, self._next_version(version)
-
-        count, new = await self.on_worker(swap)
+        if self.double_buffer:
+            task = asyncio.ensure_future(self._swap_in(tensors, base, complete, version))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # seen if orphaned
+            count, new = await asyncio.shield(task)
+        else:
+            in_place = partial(self._in_place, tensors, base, complete, version)
+            count, new = await self.on_worker(in_place)
         log.info("hf: loaded %d tensors, weights version %d", count, new)
         return new
 
-    def _copy_in(self, tensors: NamedTensors, complete: bool = False) -> int:
-        """Check every tensor first (name, shape; with ``complete``, that every parameter is
-        named), then copy: a refused update changes nothing."""
+    def _in_place(
+        self, tensors: NamedTensors, base: int | None, complete: bool, version: int | None
+    ) -> tuple[int, int]:
+        """On the worker: check, then copy into the live model (no step sees half of it)."""
+        started = time.perf_counter()
+        self._check_base(base)
+        count = self._copy(self.hf_model, self._checked(tensors, complete))
+        new = self._next_version(version)
+        self.last_pause_s = time.perf_counter() - started
+        return count, new
+
+    async def _swap_in(
+        self, tensors: NamedTensors, base: int | None, complete: bool, version: int | None
+    ) -> tuple[int, int]:
+        """Check, fill the standby off the worker, then swap the models on the worker."""
+        async with self._updating:
+            if self._thread is None or not self._thread.is_alive():
+                raise EngineError(f"{self.name}: engine is not started")
+            self._check_base(base)
+            pairs = await asyncio.to_thread(self._checked, tensors, complete)
+            if self.standby is None:  # tied parameters stay tied: deepcopy keeps the sharing
+                self.standby = await asyncio.to_thread(copy.deepcopy, self.hf_model)
+                self.stale = set()
+            sent = {name for name, _ in pairs}
+            try:
+                await asyncio.to_thread(self._fill_standby, pairs)
+                new = await self.on_worker(partial(self._swap, base, version, sent))
+            except BaseException:
+                self.stale |= sent  # the standby may hold some of them: bring it back next time
+                raise
+            return len(pairs), new
+
+    def _fill_standby(self, pairs: list[tuple[str, Any]]) -> None:
+        """Off the worker: bring the tensors the last update changed up to date in the standby
+        (from the live model, which only the worker reads), then copy the new ones in."""
         import torch
 
+        live = self.hf_model.state_dict(keep_vars=True)
+        standby = self.standby.state_dict(keep_vars=True)
+        lagging = self.stale - {name for name, _ in pairs}  # those sent now are overwritten
+        with torch.no_grad():
+            for name in sorted(lagging):
+                standby[name].copy_(live[name])
+        self.stale -= lagging
+        self._copy(self.standby, pairs)
+
+    def _swap(self, base: int | None, version: int | None, sent: set[str]) -> int:
+        """On the worker, between two decode steps: the standby becomes the live model."""
+        started = time.perf_counter()
+        self._check_base(base)
+        new = self._next_version(version)
+        self.hf_model, self.standby = self.standby, self.hf_model
+        self.stale = sent  # the old live model, now the standby, lacks just these
+        self.last_pause_s = time.perf_counter() - started
+        return new
+
+    def _check_base(self, base: int | None) -> None:
+        from rollfleet.errors import Conflict
+
+        if base is not None and base != self.version:
+            raise Conflict(
+                f"hf: weights delta computed against version {base},"
+                f" this engine serves {self.version}"
+            )
+
+    def _checked(self, tensors: NamedTensors, complete: bool = False) -> list[tuple[str, Any]]:
+        """Every tensor checked against the live model (name, shape; with ``complete``, that
+        every parameter is named), before any is copied: a refused update changes nothing."""
         live = self.hf_model.state_dict(keep_vars=True)
         pairs, sent = [], set()
         for name, tensor in tensors:
@@ -179,7 +253,7 @@ class HFEngine(ThreadedEngine):
                     f"hf: tensor {name!r} has shape {tuple(tensor.shape)},"
                     f" the model has {tuple(target.shape)}"
                 )
-            pairs.append((target, tensor))
+            pairs.append((name, tensor))
             sent.add(name)
         if complete:
             names: dict[int, list[str]] = {}  # tied parameters: one of their names is enough
@@ -192,8 +266,17 @@ class HFEngine(ThreadedEngine):
                     f"hf: missing tensor {missing[0]!r}{more}: a full update names every"
                     " weight (a delta sends only some)"
                 )
+        return pairs
+
+    @staticmethod
+    def _copy(model: Any, pairs: list[tuple[str, Any]]) -> int:
+        """Copy checked tensors into ``model``'s parameters and buffers."""
+        import torch
+
+        targets = model.state_dict(keep_vars=True)
         with torch.no_grad():
-            for target, tensor in pairs:
+            for name, tensor in pairs:
+                target = targets[name]
                 target.copy_(torch.as_tensor(tensor).to(target.device, target.dtype))
         return len(pairs)
 
@@ -313,6 +396,7 @@ class _Batch:
                     **_cache_of(model, out),
                 )
                 if self.engine.interruptible and self._run_controls():  # the cache is stale
+                    model = self.engine.hf_model  # a double-buffered swap replaced it
                     out, mask, position = self._recompute()
         for row in self.rows:
             if not row.done:
