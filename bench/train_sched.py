@@ -8,9 +8,8 @@ Per step ``s`` the trainer keeps batches ``s .. s+K+1`` submitted (the coordinat
 ``pending``, whatever ``max_staleness`` does not admit yet, and enqueues it when a finalize or a
 push makes room), finalizes batch ``s``, "trains" for ``TRAIN_S``, "pushes weights" for
 ``PUSH_S`` (the engines then serve version ``s+1``) and calls ``set_policy_version(s+1)``. It calls
-``set_policy_version(0)`` once before the first submit: without it the coordinator takes the
-engines to follow every finalize until the first report, and admits work one version too early
-(see tests/integration/test_coordinator_staleness_repro.py). K = 0 is the synchronous loop
+``set_policy_version(0)`` once before the first submit, as bounded batches require (this bench
+found that guessing instead admitted work one version too early). K = 0 is the synchronous loop
 (submit, finalize, train, push); K = 1, 2, 4 let the fleet generate ahead.
 
 Costs, chosen so that overlap matters (the figures scale with them; the ratios are the point):
