@@ -111,6 +111,6 @@ async def test_a_trainer_pushes_over_http_while_8_generations_run(kind: str, tmp
         assert after == fresh
     finally:
         trainer.kill()
-        trainer.wait()
+        trainer.communicate()  # reaps it and closes its pipes
         await store.close()
         await asyncio.to_thread(server.stop)
