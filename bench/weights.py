@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import subprocess
+import sys
 import time
 from typing import Any
 
@@ -162,8 +163,12 @@ async def _all_swaps() -> dict[str, Any]:
 
 
 def main() -> dict[str, Any]:
-    """Run both parts; print and write bench/results/weights.json."""
+    """Run both parts; print and write bench/results/weights.json. With ``--only push`` (after
+    ``python -m bench weights``), only the sync throughput is measured and printed, not written."""
     sync = asyncio.run(_sync())
+    if sys.argv[-2:] == ["--only", "push"]:
+        print({k: sync[k] for k in ("megabytes", "memcpy_mb_s", "push_mb_s", "push_vs_memcpy")})
+        return sync
     swaps = asyncio.run(_all_swaps())
     table("weight sync, SmolLM2-135M shape, fp32: median [range]", ["figure", "value"], [
         ["state dict", f"{sync['megabytes']:.0f} MB"],
