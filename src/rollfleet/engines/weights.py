@@ -8,7 +8,7 @@ One push is one HTTP request (``PUT /v1/rollfleet/weights/{version}``, body
     u32 0                                        the end
 
 A header is ``{"tensors": [[name, dtype, shape, nbytes], ...], "xxh3_64": int}``: the payload's
-XXH3-64 (a checksum at memory speed, ~20 GB/s, where zlib's CRC-32 ran at 1-4), then trailing
+XXH3-64 (a checksum at memory speed, ~20 GB/s, where zlib's CRC-32 ran at 1-4 GB/s), then trailing
 spaces, if any; its payload is the tensors' bytes back to back. The older ``RFW1`` format (a
 CRC-32) is refused, naming it. Buckets come from :func:`rollfleet.engines.buckets.bucket_tensors`,
 so neither side holds more than one bucket beyond the tensors themselves. Nothing is applied
@@ -167,14 +167,12 @@ class _Bucket:
     views: list[memoryview]
 
     def header(self, digest: int) -> bytes:
+        """The header JSON, with the payload's digest."""
         return json.dumps({"tensors": self.entries, CHECKSUM: digest}).encode()
-
-    @property
-    def nbytes(self) -> int:
-        return sum(view.nbytes for view in self.views)
 
 
 def _buckets(tensors: Iterable[tuple[str, Any]], bucket_bytes: int) -> Iterator[_Bucket]:
+    """Named tensors in buckets of about ``bucket_bytes``, as header entries and byte views."""
     for bucket in bucket_tensors(tensors, bucket_bytes):
         views = [(name, tensor, _raw(tensor)) for name, tensor in bucket.items]
         entries = [[name, _dtype_name(t), list(t.shape), view.nbytes] for name, t, view in views]
