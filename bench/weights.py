@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import statistics
 import subprocess
+import sys
 import time
 from typing import Any
 

@@ -183,3 +183,53 @@ async def test_a_push_file_must_be_one_this_user_wrote_in_the_push_directory(ser
     finally:
         os.unlink(link)
         os.unlink(real)
+
+
+async def test_a_push_file_round_trips_and_a_flipped_byte_in_it_is_422_naming_the_bucket(
+    served,
+) -> None:
+    """The file is written a chunk at a time with each header after its payload: it decodes to
+    the tensors sent, and a byte changed in it is caught, before anything is applied."""
+    import os
+
+    from rollfleet.engines.weights import FILE_HEADER, decode, mapped_push_file, write_push_file
+
+    url, _, engine = served
+    before = await greedy(engine)
+    sent = state(1)
+    path = write_push_file(sent, 1 << 16)
+    try:
+        with mapped_push_file(path) as view:
+            got = await decode(view)
+            assert [n for n, _ in got] == [n for n, _ in sent]
+            pairs = zip(got, sent, strict=True)
+            assert all(a.dtype == b.dtype and a.equal(b) for (_, a), (_, b) in pairs)
+            del got, pairs
+        with open(path, "r+b") as file:  # noqa: ASYNC230 (a test: a byte in /dev/shm)
+            file.seek(-100, os.SEEK_END)  # inside the last bucket's payload
+            byte = file.read(1)[0]
+            file.seek(-100, os.SEEK_END)
+            file.write(bytes([byte ^ 0x01]))
+        last = sum(isinstance(p, bytes) for p in encode(sent, 1 << 16)) - 3  # magic, end marker
+        async with httpx.AsyncClient() as client:
+            reply = await client.put(weights_url(url, 1), headers={
+                FILE_HEADER: path, "authorization": "Bearer s3cret"})
+        assert reply.status_code == 422 and last > 0
+        assert f"bucket {last} is corrupt (xxh3_64 mismatch)" in reply.json()["error"]["message"]
+        assert engine.version == 0 and await greedy(engine) == before
+    finally:
+        os.unlink(path)
+
+
+async def test_an_old_format_push_is_422_naming_the_format(served) -> None:
+    import json
+    import struct
+
+    url, _, engine = served
+    head = json.dumps({"tensors": [["model.norm.weight", "float32", [1], 4]], "crc32": 0}).encode()
+    old = b"RFW1" + struct.pack("<I", len(head)) + head + bytes(4) + struct.pack("<I", 0)
+    async with httpx.AsyncClient() as client:
+        reply = await client.put(weights_url(url, 1), content=old, headers={
+            "content-type": "application/octet-stream", "authorization": "Bearer s3cret"})
+    assert reply.status_code == 422 and "old RFW1" in reply.json()["error"]["message"]
+    assert engine.version == 0

@@ -73,14 +73,14 @@ async def test_a_stream_cut_short_is_refused() -> None:
     ],
 )
 async def test_bad_headers_name_the_tensor(entry: list[object], message: str) -> None:
-    head = json.dumps({"tensors": [entry], "crc32": 0}).encode()
+    head = json.dumps({"tensors": [entry], "xxh3_64": 0}).encode()
     raw = MAGIC + struct.pack("<I", len(head)) + head + bytes(64) + struct.pack("<I", 0)
     with pytest.raises(InvalidInput, match=message):
         await decode(chunks([raw]))
 
 
 async def test_other_refusals() -> None:
-    with pytest.raises(InvalidInput, match="RFW1 magic"):
+    with pytest.raises(InvalidInput, match="RFW2 magic"):
         await decode(chunks([b"NOPE" + struct.pack("<I", 0)]))
     with pytest.raises(InvalidInput, match="header: 16777216 bytes"):
         await decode(chunks([MAGIC + struct.pack("<I", 1 << 24)]))
@@ -89,3 +89,28 @@ async def test_other_refusals() -> None:
         await decode(chunks(twice))
     with pytest.raises(InvalidInput, match="after the end marker"):
         await decode(chunks([body(encode([("x", torch.zeros(2))])) + b"extra"]))
+
+
+async def test_a_flipped_byte_names_the_bucket_it_is_in() -> None:
+    """XXH3-64 over each bucket: one flipped bit in the second bucket is that bucket's fault."""
+    parts = [bytes(p) for p in encode(tensors(), bucket_bytes=40)]  # a.weight alone, then b.bias
+    second = sum(len(p) for p in parts[:4])  # the first byte of b.bias
+    raw = bytearray(b"".join(parts))
+    raw[second] ^= 0x01
+    with pytest.raises(InvalidInput, match="bucket 1 is corrupt \\(xxh3_64 mismatch\\)"):
+        await decode(chunks([raw]))
+
+
+async def test_a_push_in_the_old_crc32_format_is_refused_naming_it() -> None:
+    head = json.dumps({"tensors": [["x", "float32", [1], 4]], "crc32": 0}).encode()
+    old = b"RFW1" + struct.pack("<I", len(head)) + head + bytes(4) + struct.pack("<I", 0)
+    with pytest.raises(InvalidInput, match="old RFW1 \\(CRC-32 checksums\\) format.*RFW2"):
+        await decode(chunks([old]))
+
+
+async def test_a_header_without_the_digest_or_with_one_too_wide_is_unreadable() -> None:
+    for digest in ({}, {"xxh3_64": 2**64}, {"xxh3_64": -1}):
+        header = {"tensors": [], **digest}
+        head = json.dumps(header).encode()
+        with pytest.raises(InvalidInput, match="unreadable bucket header"):
+            await decode(chunks([MAGIC + struct.pack("<I", len(head)) + head]))

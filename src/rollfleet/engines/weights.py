@@ -3,12 +3,14 @@
 One push is one HTTP request (``PUT /v1/rollfleet/weights/{version}``, body
 ``application/octet-stream``) whose body is::
 
-    b"RFW1"
+    b"RFW2"
     (u32 header length, header JSON, payload)   one per bucket
     u32 0                                        the end
 
-A header is ``{"tensors": [[name, dtype, shape, nbytes], ...], "crc32": int}``; its payload is
-the tensors' bytes back to back. Buckets come from :func:`rollfleet.engines.buckets.bucket_tensors`,
+A header is ``{"tensors": [[name, dtype, shape, nbytes], ...], "xxh3_64": int}``: the payload's
+XXH3-64 (a checksum at memory speed, ~20 GB/s, where zlib's CRC-32 ran at 1-4 GB/s), then trailing
+spaces, if any; its payload is the tensors' bytes back to back. The older ``RFW1`` format (a
+CRC-32) is refused, naming it. Buckets come from :func:`rollfleet.engines.buckets.bucket_tensors`,
 so neither side holds more than one bucket beyond the tensors themselves. Nothing is applied
 until the end marker arrives and every checksum matched: a trainer killed mid-push, a corrupt
 bucket or a refused tensor leaves every engine on its old weights, and the next push starts
@@ -35,17 +37,21 @@ import struct
 import tempfile
 import uuid
 import warnings
-import zlib
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+import xxhash
+
 from rollfleet.engines.base import WeightsDelta
 from rollfleet.engines.buckets import bucket_tensors
 from rollfleet.errors import InvalidInput
 
-MAGIC = b"RFW1"
+MAGIC = b"RFW2"
+OLD_MAGICS = {b"RFW1": "RFW1 (CRC-32 checksums)"}
+CHECKSUM = "xxh3_64"  # the header field: the payload's XXH3-64
+CHUNK = 1 << 20  # a push file is copied and hashed a chunk at a time, while it is in cache
 MAX_HEADER = 1 << 20  # bytes of one bucket's header
 MAX_BUCKET = 4 << 30  # bytes of one bucket's payload
 MAX_TENSORS = 1_000_000
@@ -153,25 +159,38 @@ def _raw(tensor: Any) -> memoryview:
     return np.ascontiguousarray(tensor).reshape(-1).view(np.uint8).data
 
 
+@dataclass(frozen=True, slots=True)
+class _Bucket:
+    """One bucket to send: its header's tensor entries and the tensors' bytes."""
+
+    entries: list[list[Any]]
+    views: list[memoryview]
+
+    def header(self, digest: int) -> bytes:
+        """The header JSON, with the payload's digest."""
+        return json.dumps({"tensors": self.entries, CHECKSUM: digest}).encode()
+
+
+def _buckets(tensors: Iterable[tuple[str, Any]], bucket_bytes: int) -> Iterator[_Bucket]:
+    """Named tensors in buckets of about ``bucket_bytes``, as header entries and byte views."""
+    for bucket in bucket_tensors(tensors, bucket_bytes):
+        views = [(name, tensor, _raw(tensor)) for name, tensor in bucket.items]
+        entries = [[name, _dtype_name(t), list(t.shape), view.nbytes] for name, t, view in views]
+        yield _Bucket(entries, [view for _, _, view in views])
+
+
 def encode(
     tensors: Iterable[tuple[str, Any]], bucket_bytes: int = PUSH_BUCKET_BYTES
 ) -> Iterator[bytes | memoryview]:
     """The body of a push: the magic, each bucket's header and payload, the end marker."""
     yield MAGIC
-    for bucket in bucket_tensors(tensors, bucket_bytes):
-        views = [(name, tensor, _raw(tensor)) for name, tensor in bucket.items]
-        crc = 0
-        for _, _, view in views:
-            crc = zlib.crc32(view, crc)
-        header = {
-            "tensors": [
-                [name, _dtype_name(t), list(t.shape), view.nbytes] for name, t, view in views
-            ],
-            "crc32": crc,
-        }
-        head = json.dumps(header).encode()
+    for bucket in _buckets(tensors, bucket_bytes):
+        digest = xxhash.xxh3_64()
+        for view in bucket.views:
+            digest.update(view)
+        head = bucket.header(digest.intdigest())
         yield struct.pack("<I", len(head)) + head
-        yield from (view for _, _, view in views)
+        yield from bucket.views
     yield struct.pack("<I", 0)
 
 
@@ -179,14 +198,14 @@ def parse_header(raw: bytes) -> tuple[list[TensorHeader], int]:
     """A bucket header's tensors and checksum; InvalidInput naming what is wrong."""
     try:
         header = json.loads(raw)
-        crc = header["crc32"]
+        digest = header[CHECKSUM]
         entries = header["tensors"]
-        if not isinstance(crc, int) or not isinstance(entries, list):
-            raise TypeError("crc32 must be an integer and tensors a list")
+        if not isinstance(digest, int) or not 0 <= digest < 2**64 or not isinstance(entries, list):
+            raise TypeError(f"{CHECKSUM} must be a 64-bit unsigned integer and tensors a list")
         found = [_tensor_header(entry) for entry in entries]
     except (ValueError, KeyError, TypeError) as exc:
         raise InvalidInput(f"weights: unreadable bucket header: {exc}") from exc
-    return found, crc
+    return found, digest
 
 
 def _tensor_header(entry: Any) -> TensorHeader:
@@ -270,8 +289,14 @@ async def decode(chunks: AsyncIterator[bytes] | memoryview) -> list[tuple[str, A
     import torch
 
     reader = _BufferReader(chunks) if isinstance(chunks, memoryview) else _Reader(chunks)
-    if bytes(await reader.take(len(MAGIC))) != MAGIC:
-        raise InvalidInput("weights: the body does not start with the RFW1 magic")
+    magic = bytes(await reader.take(len(MAGIC)))
+    if magic in OLD_MAGICS:
+        raise InvalidInput(
+            f"weights: the push is in the old {OLD_MAGICS[magic]} format; this gateway reads"
+            f" {MAGIC.decode()} ({CHECKSUM} checksums): update rollfleet on the trainer"
+        )
+    if magic != MAGIC:
+        raise InvalidInput(f"weights: the body does not start with the {MAGIC.decode()} magic")
     out: list[tuple[str, Any]] = []
     seen: set[str] = set()
     total = 0
@@ -282,7 +307,7 @@ async def decode(chunks: AsyncIterator[bytes] | memoryview) -> list[tuple[str, A
             break
         if length > MAX_HEADER:
             raise InvalidInput(f"weights: bucket {index} header: {length} bytes, max {MAX_HEADER}")
-        headers, crc = parse_header(bytes(await reader.take(length)))
+        headers, digest = parse_header(bytes(await reader.take(length)))
         size = sum(h.nbytes for h in headers)
         total += size
         if size > MAX_BUCKET or total > MAX_TOTAL:
@@ -290,8 +315,8 @@ async def decode(chunks: AsyncIterator[bytes] | memoryview) -> list[tuple[str, A
         if len(out) + len(headers) > MAX_TENSORS:
             raise InvalidInput(f"weights: more than {MAX_TENSORS} tensors")
         payload = await reader.take(size)
-        if zlib.crc32(payload) != crc:
-            raise InvalidInput(f"weights: bucket {index} is corrupt (checksum mismatch)")
+        if xxhash.xxh3_64_intdigest(payload) != digest:
+            raise InvalidInput(f"weights: bucket {index} is corrupt ({CHECKSUM} mismatch)")
         offset = 0
         for h in headers:
             if h.name in seen:
@@ -318,28 +343,48 @@ def push_dir() -> str:
 
 
 def write_push_file(tensors: Iterable[tuple[str, Any]], bucket_bytes: int) -> str:
-    """Write a push to a new file of this user's in :func:`push_dir`; return its path. The file
-    is sized first and mapped with its pages populated at once: writing 538 MB page by page cost
-    0.7-1.5 s here, mostly page faults."""
-    parts = list(encode(tensors, bucket_bytes))
-    size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+    """Write a push to a new file of this user's in :func:`push_dir`; return its path. Written
+    with ``pwrite`` a chunk at a time, each chunk hashed just before, while in cache: the pages
+    of a 538 MB file are allocated as it is written in 0.2 s here, where mapping the file with its
+    pages populated and copying into it took 0.36 s (page by page, 0.7-1.5 s)."""
+    buckets = list(_buckets(tensors, bucket_bytes))
     path = os.path.join(push_dir(), f"rollfleet-weights-{uuid.uuid4().hex}.rfw")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        os.ftruncate(fd, size)
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-        with mmap.mmap(fd, size, flags=flags) as out:
-            at = 0
-            for part in parts:
-                n = len(part) if isinstance(part, bytes) else part.nbytes
-                out[at : at + n] = part
-                at += n
+        at = _pwrite(fd, MAGIC, 0)
+        for bucket in buckets:
+            at = _write_bucket(fd, bucket, at)
+        _pwrite(fd, struct.pack("<I", 0), at)
     except BaseException:
         os.unlink(path)
         raise
     finally:
         os.close(fd)
     return path
+
+
+def _write_bucket(fd: int, bucket: _Bucket, at: int) -> int:
+    """Write one bucket at offset ``at``: room for its header (as long as the longest digest
+    makes it), the payload, then the header, padded with spaces; return where it ends."""
+    room = len(bucket.header(2**64 - 1))
+    head_at, at = at, at + 4 + room
+    digest = xxhash.xxh3_64()
+    for view in bucket.views:
+        for i in range(0, view.nbytes, CHUNK):
+            piece = view[i : i + CHUNK]
+            digest.update(piece)
+            at = _pwrite(fd, piece, at)
+    _pwrite(fd, struct.pack("<I", room) + bucket.header(digest.intdigest()).ljust(room), head_at)
+    return at
+
+
+def _pwrite(fd: int, data: bytes | memoryview, at: int) -> int:
+    """Write all of ``data`` at offset ``at``; return the offset after it."""
+    view = memoryview(data).cast("B")
+    while view.nbytes:
+        written = os.pwrite(fd, view, at)
+        view, at = view[written:], at + written
+    return at
 
 
 @contextlib.contextmanager
