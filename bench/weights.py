@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import statistics
 import subprocess
-import sys
 import time
 from typing import Any
 
