@@ -197,6 +197,18 @@ def llama_server_rows(d: dict[str, Any]) -> list[str]:
     return rows
 
 
+def train_step_rows(d: dict[str, Any]) -> list[str]:
+    sides, st = d["sides"], d["settings"]
+    full = sides["full"]["step_s"]["median"]
+    rows = []
+    for name, label in (("lora_qv", "LoRA r=16 on q and v"), ("lora_all", "LoRA r=16 on every linear layer")):
+        f = sides[name]["step_s"]
+        rows.append(f"| train | one GRPO step, {st['rows']} x {st['prompt_tokens'] + st['action_tokens']} tokens, "
+                    f"SmolLM2-135M on 2 cores: {label} | {f['median']:.2f} s ({f['min']:.2f}-{f['max']:.2f}) | "
+                    f"{full:.2f} s (full fine-tuning) | {full / f['median']:.2f}× faster |")
+    return rows
+
+
 def weights_delta_rows(d: dict[str, Any]) -> list[str]:
     lora, full = d["cases"]["lora_style"], d["cases"]["full"]
     b, http, file = lora["bytes"], lora["push_s"]["http"], lora["push_s"]["file"]
@@ -276,7 +288,7 @@ SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
     ("llamacpp_weights", llamacpp_weights_rows), ("llama_server", llama_server_rows),
     ("weights_delta", weights_delta_rows),
     ("wire_parse", wire_rows), ("refactor_ab", ab_rows), ("sandbox", sandbox_rows),
-    ("train_sched", train_sched_rows),
+    ("train_sched", train_sched_rows), ("train_step", train_step_rows),
 ]
 
 
