@@ -81,7 +81,11 @@ def mount_pools(config: Path, parts: ServerParts, extras: dict[str, Any]) -> Non
 
 
 def mount_batches(
-    store: Store, parts: ServerParts, extras: dict[str, Any], abort_hook: AbortHook | None = None
+    store: Store,
+    parts: ServerParts,
+    extras: dict[str, Any],
+    abort_hook: AbortHook | None = None,
+    experience_dir: Path | None = None,
 ) -> None:
     """Serve the batch coordinator at ``/batches``; persisted batches resume as the app starts.
 
@@ -90,7 +94,7 @@ def mount_batches(
     from rollfleet.coordinator import RolloutCoordinator
     from rollfleet.coordinator.service import coordinator_router
 
-    coordinator = RolloutCoordinator(store, abort_hook=abort_hook)
+    coordinator = RolloutCoordinator(store, abort_hook=abort_hook, experience_dir=experience_dir)
     parts.routers.append(("/batches", coordinator_router(coordinator)))
     parts.on_startup.append(coordinator.prepare)
     parts.on_shutdown.append(coordinator.shutdown)
@@ -112,8 +116,10 @@ def control_plane(
     pools: Path | None = None,
     engine: EngineOptions | None = None,
     extras: dict[str, Any] | None = None,
+    experience_dir: Path | None = None,
 ) -> ServerParts:
-    """Every part of ``rollfleet serve``: engines and pools when given, batches, the dashboard."""
+    """Every part of ``rollfleet serve``: engines and pools when given, batches (their
+    experiences written to ``experience_dir``), the dashboard."""
     from rollfleet.server.dashboard import dashboard_router
 
     parts = ServerParts()
@@ -123,13 +129,18 @@ def control_plane(
         abort_hook = abort_generations(mount_gateway(store, engine, parts, extras))
     if pools is not None:
         mount_pools(pools, parts, extras)
-    mount_batches(store, parts, extras, abort_hook)
+    mount_batches(store, parts, extras, abort_hook, experience_dir)
     parts.routers.append(("", dashboard_router(store, extras)))
     return parts
 
 
 def control_plane_parts(
-    *, pools: Path | None = None, engine: EngineOptions | None = None
+    *,
+    pools: Path | None = None,
+    engine: EngineOptions | None = None,
+    experience_dir: Path | None = None,
 ) -> PartsFactory:
     """:func:`control_plane` as a factory for an embedded server (``ServerThread(parts=…)``)."""
-    return lambda store: control_plane(store, pools=pools, engine=engine)
+    return lambda store: control_plane(
+        store, pools=pools, engine=engine, experience_dir=experience_dir
+    )

@@ -188,7 +188,7 @@ async def run(opts: RunOptions, console: Console) -> dict[str, Any]:
         settings=opts.settings(),
     )
     opts.output_dir.mkdir(parents=True, exist_ok=True)
-    async with _control_plane(opts) as url:
+    async with control_plane_url(opts) as url:
         startup.mark("store")
         store = connect(url, token=opts.token)
         try:
@@ -198,13 +198,15 @@ async def run(opts: RunOptions, console: Console) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def _control_plane(opts: RunOptions) -> AsyncIterator[str]:
+async def control_plane_url(
+    opts: RunOptions, experience_dir: Path | None = None
+) -> AsyncIterator[str]:
+    """The store's URL: ``--store``, else an embedded control plane on OUTPUT/store.db."""
     if opts.store is not None:
         yield opts.store
         return
-    server = ServerThread(
-        f"sqlite:///{opts.output_dir.resolve()}/store.db", parts=control_plane_parts()
-    )
+    parts = control_plane_parts(experience_dir=experience_dir)
+    server = ServerThread(f"sqlite:///{opts.output_dir.resolve()}/store.db", parts=parts)
     await asyncio.to_thread(server.start)
     try:
         yield server.url
@@ -231,8 +233,8 @@ async def _run_on(
     with RunProgress(console, len(ids), kept, f"{opts.mode} ×{opts.num_rollouts}") as progress:
         if len(kept) < len(ids):
             if opts.store is None:
-                async with _llm(opts, store, console, startup) as llm:
-                    fleet = _fleet(url, opts, llm)
+                async with shared_llm(opts, store, console, startup) as llm:
+                    fleet = runner_fleet(url, opts, llm)
                     await _follow(
                         store, set(ids), group, {r.rollout_id for r in kept}, progress, fleet
                     )
@@ -249,10 +251,11 @@ class RunnerLlm:
 
     args: list[str]
     key: str | None = None
+    gateway: Any = None  # the shared engine's gateway, in this process (weights go to it)
 
 
 @contextlib.asynccontextmanager
-async def _llm(
+async def shared_llm(
     opts: RunOptions, store: Store, console: Console, startup: Startup
 ) -> AsyncIterator[RunnerLlm]:
     """Runner options giving ctx.llm: a URL given, an engine per runner, or one shared engine.
@@ -289,7 +292,7 @@ async def _llm(
                 f"gateway {gateway_url}/v1",
                 soft_wrap=True,
             )
-            yield RunnerLlm(["--llm-url", gateway_url])
+            yield RunnerLlm(["--llm-url", gateway_url], gateway=gateway)
     finally:
         if engine.first_token_at is not None:
             startup.mark("first_token", engine.first_token_at)
@@ -306,7 +309,7 @@ def _recorder(store: Store) -> Any:
     return record
 
 
-def _fleet(url: str, opts: RunOptions, llm: RunnerLlm) -> LocalFleet:
+def runner_fleet(url: str, opts: RunOptions, llm: RunnerLlm) -> LocalFleet:
     """One runner process running N rollouts at once (math, rag, or a shared pool's N rollouts
     over M instances); else N runner processes of one rollout each, so a rollout's environment
     (a sandbox, a desktop) and whatever it does to its process stay apart from the others."""
