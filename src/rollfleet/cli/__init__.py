@@ -23,7 +23,7 @@ def _register() -> None:
 
     for module in (store_cmds, workers, demo):
         module.register(app)
-    for optional in ("gateway", "pool", "run", "batches"):
+    for optional in ("gateway", "pool", "run", "batches", "train"):
         try:
             module = __import__(f"rollfleet.cli.{optional}", fromlist=["register"])
         except ModuleNotFoundError as exc:

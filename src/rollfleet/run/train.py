@@ -9,8 +9,8 @@ experiences (the engine's logprobs, GRPO advantages) train the policy one step
 gateway as version ``s + 1`` and the coordinator is told the engines serve it. One line per step
 goes to ``OUTPUT/metrics.jsonl``.
 
-Not yet here (issue 18): resume after kill -9 (the trainer's checkpoints), LoRA, eval splits,
-the plot, the ``rollfleet train`` command.
+``rollfleet train`` (``cli/train.py``) runs it. Not yet here (issue 18): resume after kill -9
+(the trainer's checkpoints), LoRA, eval splits, the plot, a live display.
 """
 
 from __future__ import annotations

@@ -1,0 +1,34 @@
+"""``rollfleet train`` refuses bad input at start-up with one line naming what is wrong (exit 2),
+before anything is written: no output directory appears."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def train(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rollfleet.cli", "train", *args], capture_output=True,
+                          text=True, timeout=120, check=False)
+
+
+@pytest.mark.parametrize(("make", "args", "message"), [
+    (lambda d: d.write_text('{"question": "1+1?", "answer": 2}\n'), ["--mode", "nope"], "--mode 'nope': choose one of"),
+    (lambda d: d.write_text(""), ["--mode", "math"], "no tasks in the file"),
+    (lambda d: d.write_text('{"question": "1+1?", "answer": 2}\n{"answer": 3}\n'), ["--mode", "math"], ":2"),
+    (lambda d: d.write_text('{"question": "1+1?", "answer": 2}\n'), ["--mode", "math", "--group-size", "0"],
+     "--group-size must be at least 1"),
+    (lambda d: d.write_text('{"question": "1+1?", "answer": 2}\n'), ["--mode", "math", "--max-staleness", "-1"],
+     "--max-staleness must be 0 to 1000"),
+])
+def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path: Path, make, args, message) -> None:  # type: ignore[no-untyped-def]
+    data = tmp_path / "tasks.jsonl"
+    make(data)
+    out = tmp_path / "out"
+    done = train("--data", str(data), "--output-dir", str(out), *args)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not out.exists()
