@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Awaitable
 from typing import Any, TypeVar
@@ -58,3 +59,15 @@ def fmt_age(seconds: float | None) -> str:
     if seconds < 3600:
         return f"{seconds / 60:.1f}m"
     return f"{seconds / 3600:.1f}h"
+
+
+def job_start(mode: str, verbose: bool) -> None:
+    """What a job command (``run``, ``train``) checks and sets first: a known ``--mode``, and
+    lifecycle logs only with ``--verbose``."""
+    from rollfleet.envs import MODES
+    from rollfleet.errors import InvalidInput
+
+    if not verbose:
+        logging.getLogger("rollfleet").setLevel(logging.WARNING)
+    if mode not in MODES:
+        raise InvalidInput(f"--mode {mode!r}: choose one of {', '.join(MODES)}")

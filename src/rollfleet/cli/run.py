@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.table import Table
 
-from rollfleet.cli.common import console
+from rollfleet.cli.common import console, job_start
 from rollfleet.envs import MODES
-from rollfleet.errors import InvalidInput
 from rollfleet.run import RunOptions, run
 from rollfleet.run.orchestrate import DEFAULT_ROLLOUTS
 
@@ -141,10 +139,7 @@ def run_command(
     verbose: bool = typer.Option(False, "--verbose", help="log every lifecycle event"),
 ) -> None:
     """Run every task of --data in --mode with N parallel rollouts; resumable; writes OUTPUT/."""
-    if not verbose:
-        logging.getLogger("rollfleet").setLevel(logging.WARNING)
-    if mode not in MODES:
-        raise InvalidInput(f"--mode {mode!r}: choose one of {', '.join(MODES)}")
+    job_start(mode, verbose)
     desktop = {
         "path_to_vm": path_to_vm,
         "provider_name": provider_name,

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from pathlib import Path
 
 import typer
 
-from rollfleet.cli.common import console
+from rollfleet.cli.common import console, job_start
 from rollfleet.envs import MODES
-from rollfleet.errors import InvalidInput
 
 
 def train_command(
@@ -31,10 +29,7 @@ def train_command(
     """Train the bundled model with GRPO on --data in --mode; writes OUTPUT/metrics.jsonl."""
     from rollfleet.run.train import TrainOptions, train
 
-    if not verbose:
-        logging.getLogger("rollfleet").setLevel(logging.WARNING)
-    if mode not in MODES:
-        raise InvalidInput(f"--mode {mode!r}: choose one of {', '.join(MODES)}")
+    job_start(mode, verbose)
     opts = TrainOptions(
         mode=mode, data=data, output_dir=output_dir, steps=steps, tasks_per_step=tasks_per_step,
         group_size=group_size, max_staleness=max_staleness, lr=lr, max_tokens=max_tokens,
