@@ -358,7 +358,7 @@ def gateway_router(gateway: Gateway, token: str | None = None) -> APIRouter:
         memory; applied once it has all arrived intact; 409 for a version that is not newer.
         X-Rollfleet-Weights-Delta: 1 with X-Rollfleet-Weights-Base: N sends only some tensors,
         computed against version N: 409 unless every replica serves N."""
-        from rollfleet.engines.weights import FILE_HEADER, decode, delta_base, mapped_push_file
+        from rollfleet.engines.weights_wire import FILE_HEADER, decode, delta_base, mapped_push_file
 
         try:
             if not 0 < version < 2**63:

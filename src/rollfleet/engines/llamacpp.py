@@ -32,7 +32,6 @@ bit-identical replays.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
 import os
 import queue
@@ -47,13 +46,12 @@ import numpy as np
 from rollfleet.engines.base import Delta, FinishReason, GenerationRequest, WeightSource
 from rollfleet.engines.gguf_export import WeightUpdate, check_out_type, weights_gguf
 from rollfleet.engines.llamacpp_model import (
-    ChatTemplate,
+    LlamaCppModel,
     TextDecoder,
     batch_friendly,
     bundled_gguf,
     find_stop,
     gguf_cache_dir,
-    quiet_llama_cpp,
     sample,
 )
 from rollfleet.engines.threaded import STOP, Pending, ThreadedEngine
@@ -95,108 +93,6 @@ class _Seq:
         else:
             self.prefilled = 0
             self.spans[-1] = (0, version)
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """How many leading tokens ``a`` and ``b`` share."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-class LlamaCppModel:
-    """The llama.cpp model and a multi-sequence context; used only by the scheduler thread."""
-
-    def __init__(
-        self, path: Path, slots: int, ctx_per_seq: int, threads: int, n_batch: int, verbose: bool
-    ) -> None:
-        import llama_cpp
-        from llama_cpp import _internals as internals
-
-        # verbose=True below only stops llama-cpp-python from swapping the process-wide
-        # stdout/stderr (unsafe with threads); the log level set here keeps it quiet.
-        quiet_llama_cpp(verbose)
-        self.lib = llama_cpp
-        self.model = internals.LlamaModel(
-            path_model=str(path), params=llama_cpp.llama_model_default_params(), verbose=True
-        )
-        params = llama_cpp.llama_context_default_params()
-        params.n_ctx = slots * ctx_per_seq
-        params.n_batch = params.n_ubatch = n_batch
-        params.n_seq_max = slots
-        params.kv_unified = True  # measured: split per-sequence caches decode far slower here
-        params.n_threads = params.n_threads_batch = threads
-        self.ctx = internals.LlamaContext(model=self.model, params=params, verbose=True)
-        self.batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
-        self.n_vocab = self.model.n_vocab()
-        meta = self.model.metadata()
-        bos = self.model.token_get_text(self.model.token_bos())
-        eos = self.model.token_get_text(self.model.token_eos())
-        self.template = ChatTemplate(meta.get("tokenizer.chat_template"), bos, eos)
-        self.cached: dict[int, list[int]] = {}  # slot -> the tokens its KV cache holds
-
-    def tokenize(self, text: str) -> list[int]:
-        """Token ids of ``text`` (special tokens parsed, BOS as the model wants)."""
-        return list(self.model.tokenize(text.encode("utf-8"), self.model.add_bos_token(), True))
-
-    def piece(self, token: int) -> bytes:
-        """The bytes one token stands for."""
-        buf = ctypes.create_string_buffer(64)
-        n = self.lib.llama_token_to_piece(self.model.vocab, token, buf, 64, 0, False)
-        return buf.raw[: max(n, 0)]
-
-    def is_eog(self, token: int) -> bool:
-        """True for end-of-generation tokens (EOS, <|im_end|>, …)."""
-        return bool(self.lib.llama_vocab_is_eog(self.model.vocab, token))
-
-    def forget(self, slot: int) -> None:
-        """Drop a sequence's KV cache."""
-        self.ctx.kv_cache_seq_rm(slot, -1, -1)
-        self.cached.pop(slot, None)
-
-    def keep(self, slot: int, tokens: list[int]) -> None:
-        """Remember what a finished sequence left in its slot's KV cache."""
-        self.cached[slot] = tokens
-
-    def reuse(self, slot: int, prompt: list[int]) -> int:
-        """Keep the longest prefix of ``prompt`` that ``slot`` holds (never all of it: the last
-        prompt token must be decoded for its logits), drop the rest; the number of tokens kept."""
-        held = self.cached.pop(slot, [])
-        common = common_prefix(held, prompt[:-1])
-        if common < len(held):
-            self.ctx.kv_cache_seq_rm(slot, common, -1)
-        return common
-
-    def best_slot(self, free: list[int], prompt: list[int]) -> int:
-        """The free slot whose cache shares the longest prefix with ``prompt``."""
-        return max(free, key=lambda slot: common_prefix(self.cached.get(slot, []), prompt))
-
-    def decode(self, entries: list[tuple[int, int, int, bool]]) -> None:
-        """Run one batch of (token, position, slot, wants_logits) entries."""
-        b = self.batch
-        b.n_tokens = len(entries)
-        for i, (token, pos, slot, logits) in enumerate(entries):
-            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = token, pos, 1, logits
-            b.seq_id[i][0] = slot
-        code = self.lib.llama_decode(self.ctx.ctx, b)
-        if code != 0:
-            raise EngineError(f"llama_decode failed with code {code} ({len(entries)} tokens)")
-
-    def logits(self, index: int) -> np.ndarray:
-        """The logits row of batch entry ``index``."""
-        ptr = self.lib.llama_get_logits_ith(self.ctx.ctx, index)
-        return np.ctypeslib.as_array(
-            ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,)
-        )
-
-    def close(self) -> None:
-        """Free the batch, context and model."""
-        self.lib.llama_batch_free(self.batch)
-        self.ctx.close()  # type: ignore[no-untyped-call]
-        self.model.close()  # type: ignore[no-untyped-call]
 
 
 class LlamaCppEngine(ThreadedEngine):

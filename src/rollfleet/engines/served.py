@@ -32,7 +32,7 @@ import httpx
 from rollfleet.engines.base import NamedTensors
 from rollfleet.engines.openai_engine import OpenAIEngine
 from rollfleet.engines.process import ServerProcess
-from rollfleet.engines.weights import push_dir
+from rollfleet.engines.weights_wire import push_dir
 from rollfleet.errors import EngineError
 
 CHECKPOINT_FILE = "model.safetensors"

@@ -1,23 +1,5 @@
-"""Weights from a trainer to the gateway's engines: a framed, checksummed stream of buckets.
-
-One push is one HTTP request (``PUT /v1/rollfleet/weights/{version}``, body
-``application/octet-stream``) whose body is::
-
-    b"RFW2"
-    (u32 header length, header JSON, payload)   one per bucket
-    u32 0                                        the end
-
-A header is ``{"tensors": [[name, dtype, shape, nbytes], ...], "xxh3_64": int}``: the payload's
-XXH3-64 (a checksum at memory speed, ~20 GB/s, where zlib's CRC-32 ran at 1-4 GB/s), then trailing
-spaces, if any; its payload is the tensors' bytes back to back. The older ``RFW1`` format (a
-CRC-32) is refused, naming it. Buckets come from :func:`rollfleet.engines.buckets.bucket_tensors`,
-so neither side holds more than one bucket beyond the tensors themselves. Nothing is applied
-until the end marker arrives and every checksum matched: a trainer killed mid-push, a corrupt
-bucket or a refused tensor leaves every engine on its old weights, and the next push starts
-afresh (there is no upload state to clean up).
-
-Every size a caller sets is capped (header, bucket, tensor count, total bytes), dtypes are an
-allow-list, and each tensor's byte count must equal its shape times its element size.
+"""Weights from a trainer to the gateway's engines: :func:`push_weights`, in process or over
+HTTP (the format, and the same-host file: :mod:`rollfleet.engines.weights_wire`).
 
 A push names every weight of the model, or is a *delta*: headers ``X-Rollfleet-Weights-Delta: 1``
 and ``X-Rollfleet-Weights-Base: N`` (in process: :class:`WeightsDelta`) say that it holds only
@@ -29,70 +11,29 @@ refuses a delta (409) unless every replica serves version ``N``. :func:`snapshot
 from __future__ import annotations
 
 import contextlib
-import json
-import mmap
 import os
-import re
-import struct
-import tempfile
-import uuid
-import warnings
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import xxhash
-
 from rollfleet.engines.base import WeightsDelta
-from rollfleet.engines.buckets import bucket_tensors
+from rollfleet.engines.weights_wire import (
+    BASE_HEADER,
+    DELTA_HEADER,
+    FILE_HEADER,
+    MAGIC,
+    PUSH_BUCKET_BYTES,
+    decode,
+    delta_base,
+    dtype_name,
+    encode,
+    mapped_push_file,
+    parse_header,
+    push_dir,
+    raw_view,
+    write_push_file,
+)
 from rollfleet.errors import InvalidInput
-
-MAGIC = b"RFW2"
-OLD_MAGICS = {b"RFW1": "RFW1 (CRC-32 checksums)"}
-CHECKSUM = "xxh3_64"  # the header field: the payload's XXH3-64
-CHUNK = 1 << 20  # a push file is copied and hashed a chunk at a time, while it is in cache
-MAX_HEADER = 1 << 20  # bytes of one bucket's header
-MAX_BUCKET = 4 << 30  # bytes of one bucket's payload
-MAX_TENSORS = 1_000_000
-MAX_TOTAL = 256 << 30  # bytes of one push
-PUSH_BUCKET_BYTES = 64 << 20  # small enough to checksum while the next one is on the wire
-FILE_HEADER = "x-rollfleet-weights-file"
-DELTA_HEADER = "x-rollfleet-weights-delta"
-BASE_HEADER = "x-rollfleet-weights-base"
-FILE_NAME = re.compile(r"rollfleet-weights-[0-9a-f]{32}\.rfw")
-DTYPES = {
-    "float32": 4, "float16": 2, "bfloat16": 2, "float64": 8,
-    "int8": 1, "uint8": 1, "int16": 2, "int32": 4, "int64": 8, "bool": 1,
-}  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
-class TensorHeader:
-    """One tensor inside a bucket's payload."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    nbytes: int
-
-
-def delta_base(headers: Mapping[str, str]) -> int | None:
-    """The base version a push's headers name for a delta, None for a full push; InvalidInput
-    for a delta without a base, or a base without a delta."""
-    delta = headers.get(DELTA_HEADER, "0").strip().lower()
-    raw = headers.get(BASE_HEADER)
-    if delta not in ("0", "1", "false", "true"):
-        raise InvalidInput(f"weights: {DELTA_HEADER} must be 1 or 0, not {delta[:20]!r}")
-    if delta in ("0", "false"):
-        if raw is not None:
-            raise InvalidInput(f"weights: {BASE_HEADER} only goes with {DELTA_HEADER}: 1")
-        return None
-    if raw is None or not raw.strip().isdigit() or int(raw) >= 2**63:
-        raise InvalidInput(
-            f"weights: a delta needs {BASE_HEADER}: the version it was computed against"
-        )
-    return int(raw)
 
 
 def snapshot(tensors: Iterable[tuple[str, Any]]) -> dict[str, Any]:
@@ -125,10 +66,10 @@ def changed(
 
 
 def _same(a: Any, b: Any) -> bool:
-    if _dtype_name(a) != _dtype_name(b) or tuple(a.shape) != tuple(b.shape):
+    if dtype_name(a) != dtype_name(b) or tuple(a.shape) != tuple(b.shape):
         return False
     if not (hasattr(a, "detach") and hasattr(b, "detach")):
-        return bool(_raw(a) == _raw(b))
+        return bool(raw_view(a) == raw_view(b))
     import torch  # torch.equal over integers of the element's width: 6x a memoryview compare
 
     ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
@@ -140,288 +81,6 @@ def _storage(tensor: Any) -> tuple[int, tuple[int, ...], str] | None:
     if hasattr(tensor, "data_ptr") and tensor.numel():
         return tensor.data_ptr(), tuple(tensor.shape), str(tensor.dtype)
     return None
-
-
-def _dtype_name(tensor: Any) -> str:
-    return str(tensor.dtype).removeprefix("torch.")
-
-
-def _raw(tensor: Any) -> memoryview:
-    """The bytes of a torch tensor or numpy array, without a copy when it is contiguous."""
-    if hasattr(tensor, "detach"):  # torch: bfloat16 has no numpy dtype, so go through uint8
-        import torch
-
-        flat = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-        view: memoryview = flat.numpy().data
-        return view
-    import numpy as np
-
-    return np.ascontiguousarray(tensor).reshape(-1).view(np.uint8).data
-
-
-@dataclass(frozen=True, slots=True)
-class _Bucket:
-    """One bucket to send: its header's tensor entries and the tensors' bytes."""
-
-    entries: list[list[Any]]
-    views: list[memoryview]
-
-    def header(self, digest: int) -> bytes:
-        """The header JSON, with the payload's digest."""
-        return json.dumps({"tensors": self.entries, CHECKSUM: digest}).encode()
-
-
-def _buckets(tensors: Iterable[tuple[str, Any]], bucket_bytes: int) -> Iterator[_Bucket]:
-    """Named tensors in buckets of about ``bucket_bytes``, as header entries and byte views."""
-    for bucket in bucket_tensors(tensors, bucket_bytes):
-        views = [(name, tensor, _raw(tensor)) for name, tensor in bucket.items]
-        entries = [[name, _dtype_name(t), list(t.shape), view.nbytes] for name, t, view in views]
-        yield _Bucket(entries, [view for _, _, view in views])
-
-
-def encode(
-    tensors: Iterable[tuple[str, Any]], bucket_bytes: int = PUSH_BUCKET_BYTES
-) -> Iterator[bytes | memoryview]:
-    """The body of a push: the magic, each bucket's header and payload, the end marker."""
-    yield MAGIC
-    for bucket in _buckets(tensors, bucket_bytes):
-        digest = xxhash.xxh3_64()
-        for view in bucket.views:
-            digest.update(view)
-        head = bucket.header(digest.intdigest())
-        yield struct.pack("<I", len(head)) + head
-        yield from bucket.views
-    yield struct.pack("<I", 0)
-
-
-def parse_header(raw: bytes) -> tuple[list[TensorHeader], int]:
-    """A bucket header's tensors and checksum; InvalidInput naming what is wrong."""
-    try:
-        header = json.loads(raw)
-        digest = header[CHECKSUM]
-        entries = header["tensors"]
-        if not isinstance(digest, int) or not 0 <= digest < 2**64 or not isinstance(entries, list):
-            raise TypeError(f"{CHECKSUM} must be a 64-bit unsigned integer and tensors a list")
-        found = [_tensor_header(entry) for entry in entries]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise InvalidInput(f"weights: unreadable bucket header: {exc}") from exc
-    return found, digest
-
-
-def _tensor_header(entry: Any) -> TensorHeader:
-    name, dtype, shape, nbytes = entry
-    if not isinstance(name, str) or not 0 < len(name) <= 1024:
-        raise TypeError(f"tensor name {name!r} must be a string of 1 to 1024 characters")
-    if dtype not in DTYPES:
-        raise TypeError(f"tensor {name!r}: dtype {dtype!r} is not one of {sorted(DTYPES)}")
-    if not isinstance(shape, list) or len(shape) > 8:
-        raise TypeError(f"tensor {name!r}: shape must be a list of at most 8 sizes")
-    if not all(isinstance(d, int) and 0 <= d < 1 << 40 for d in shape):
-        raise TypeError(f"tensor {name!r}: shape {shape} has a size that is not a count")
-    count = 1
-    for d in shape:
-        count *= d
-    if nbytes != count * DTYPES[dtype]:
-        raise TypeError(f"tensor {name!r}: {nbytes} bytes do not hold {dtype} of shape {shape}")
-    return TensorHeader(name, dtype, tuple(shape), nbytes)
-
-
-class _Reader:
-    """Exact-size reads over an async stream of byte chunks (an HTTP body)."""
-
-    def __init__(self, chunks: AsyncIterator[bytes]) -> None:
-        self.chunks = chunks
-        self.buffer = bytearray()
-        self.total = 0
-
-    async def take(self, n: int) -> bytearray | memoryview:
-        """The next ``n`` bytes, in a buffer of their own; InvalidInput if the stream ends first."""
-        out = bytearray(n)
-        target = memoryview(out)
-        filled = 0
-        while filled < n:
-            if not self.buffer:
-                chunk = await anext(self.chunks, None)
-                if chunk is None:
-                    raise InvalidInput("weights: the stream ended before its end marker")
-                self.total += len(chunk)
-                if self.total > MAX_TOTAL + MAX_HEADER:
-                    raise InvalidInput(f"weights: a push is at most {MAX_TOTAL} bytes")
-                self.buffer += chunk
-            step = min(len(self.buffer), n - filled)
-            target[filled : filled + step] = self.buffer[:step]
-            del self.buffer[:step]
-            filled += step
-        return out
-
-    async def at_end(self) -> bool:
-        """True when nothing follows."""
-        while not self.buffer:
-            chunk = await anext(self.chunks, None)
-            if chunk is None:
-                return True
-            self.buffer += chunk
-        return False
-
-
-class _BufferReader:
-    """The same reads over a buffer already in memory (a push file, mapped): no copies."""
-
-    def __init__(self, view: memoryview) -> None:
-        self.view, self.at = view, 0
-
-    async def take(self, n: int) -> bytearray | memoryview:
-        """A view of the next ``n`` bytes."""
-        if self.at + n > len(self.view):
-            raise InvalidInput("weights: the push file ends before its end marker")
-        self.at += n
-        return self.view[self.at - n : self.at]
-
-    async def at_end(self) -> bool:
-        """True when nothing follows."""
-        return self.at == len(self.view)
-
-
-async def decode(chunks: AsyncIterator[bytes] | memoryview) -> list[tuple[str, Any]]:
-    """Every named tensor of a push (an HTTP body's chunks, or a mapped push file), as torch
-    tensors over the received bytes, once the end marker arrived and each bucket's checksum
-    matched; InvalidInput otherwise."""
-    import torch
-
-    reader = _BufferReader(chunks) if isinstance(chunks, memoryview) else _Reader(chunks)
-    magic = bytes(await reader.take(len(MAGIC)))
-    if magic in OLD_MAGICS:
-        raise InvalidInput(
-            f"weights: the push is in the old {OLD_MAGICS[magic]} format; this gateway reads"
-            f" {MAGIC.decode()} ({CHECKSUM} checksums): update rollfleet on the trainer"
-        )
-    if magic != MAGIC:
-        raise InvalidInput(f"weights: the body does not start with the {MAGIC.decode()} magic")
-    out: list[tuple[str, Any]] = []
-    seen: set[str] = set()
-    total = 0
-    index = 0
-    while True:
-        (length,) = struct.unpack("<I", await reader.take(4))
-        if length == 0:
-            break
-        if length > MAX_HEADER:
-            raise InvalidInput(f"weights: bucket {index} header: {length} bytes, max {MAX_HEADER}")
-        headers, digest = parse_header(bytes(await reader.take(length)))
-        size = sum(h.nbytes for h in headers)
-        total += size
-        if size > MAX_BUCKET or total > MAX_TOTAL:
-            raise InvalidInput(f"weights: bucket {index} of {size} bytes is over the limits")
-        if len(out) + len(headers) > MAX_TENSORS:
-            raise InvalidInput(f"weights: more than {MAX_TENSORS} tensors")
-        payload = await reader.take(size)
-        if xxhash.xxh3_64_intdigest(payload) != digest:
-            raise InvalidInput(f"weights: bucket {index} is corrupt ({CHECKSUM} mismatch)")
-        offset = 0
-        for h in headers:
-            if h.name in seen:
-                raise InvalidInput(f"weights: tensor {h.name!r} sent twice")
-            seen.add(h.name)
-            dtype = getattr(torch, h.dtype)
-            if h.nbytes == 0:
-                out.append((h.name, torch.empty(h.shape, dtype=dtype)))
-                continue
-            with warnings.catch_warnings():  # a mapped push file is read-only; it is only read
-                warnings.simplefilter("ignore", UserWarning)
-                raw = torch.frombuffer(payload, dtype=torch.uint8, count=h.nbytes, offset=offset)
-            out.append((h.name, raw.view(dtype).reshape(h.shape)))
-            offset += h.nbytes
-        index += 1
-    if not await reader.at_end():
-        raise InvalidInput("weights: bytes after the end marker")
-    return out
-
-
-def push_dir() -> str:
-    """Where same-host pushes are written: shared memory where there is some."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-
-
-def write_push_file(tensors: Iterable[tuple[str, Any]], bucket_bytes: int) -> str:
-    """Write a push to a new file of this user's in :func:`push_dir`; return its path. Written
-    with ``pwrite`` a chunk at a time, each chunk hashed just before, while in cache: the pages
-    of a 538 MB file are allocated as it is written in 0.2 s here, where mapping the file with its
-    pages populated and copying into it took 0.36 s (page by page, 0.7-1.5 s)."""
-    buckets = list(_buckets(tensors, bucket_bytes))
-    path = os.path.join(push_dir(), f"rollfleet-weights-{uuid.uuid4().hex}.rfw")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        at = _pwrite(fd, MAGIC, 0)
-        for bucket in buckets:
-            at = _write_bucket(fd, bucket, at)
-        _pwrite(fd, struct.pack("<I", 0), at)
-    except BaseException:
-        os.unlink(path)
-        raise
-    finally:
-        os.close(fd)
-    return path
-
-
-def _write_bucket(fd: int, bucket: _Bucket, at: int) -> int:
-    """Write one bucket at offset ``at``: room for its header (as long as the longest digest
-    makes it), the payload, then the header, padded with spaces; return where it ends."""
-    room = len(bucket.header(2**64 - 1))
-    head_at, at = at, at + 4 + room
-    digest = xxhash.xxh3_64()
-    for view in bucket.views:
-        for i in range(0, view.nbytes, CHUNK):
-            piece = view[i : i + CHUNK]
-            digest.update(piece)
-            at = _pwrite(fd, piece, at)
-    _pwrite(fd, struct.pack("<I", room) + bucket.header(digest.intdigest()).ljust(room), head_at)
-    return at
-
-
-def _pwrite(fd: int, data: bytes | memoryview, at: int) -> int:
-    """Write all of ``data`` at offset ``at``; return the offset after it."""
-    view = memoryview(data).cast("B")
-    while view.nbytes:
-        written = os.pwrite(fd, view, at)
-        view, at = view[written:], at + written
-    return at
-
-
-@contextlib.contextmanager
-def mapped_push_file(path: str) -> Iterator[memoryview]:
-    """A push file named by a client on this host, mapped read-only (tensors are made over it
-    without a copy, and only read: an engine copies them into its model). Only a regular file
-    of this process's user, named like the files :func:`write_push_file` makes, directly in
-    :func:`push_dir`, is opened; InvalidInput otherwise."""
-    name = os.path.basename(path)
-    if os.path.dirname(path) != push_dir() or not FILE_NAME.fullmatch(name):
-        raise InvalidInput(f"weights: {path!r} is not a push file in {push_dir()}")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError as exc:
-        raise InvalidInput(f"weights: cannot open {path!r}: {exc.strerror}") from exc
-    try:
-        info = os.fstat(fd)
-        if not stat_is_regular(info.st_mode) or info.st_uid != os.geteuid():
-            raise InvalidInput(f"weights: {path!r} is not a regular file of this server's user")
-        if not 0 < info.st_size <= MAX_TOTAL + MAX_HEADER:
-            raise InvalidInput(f"weights: {path!r} has {info.st_size} bytes")
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # read-only, pre-faulted
-        mapped = mmap.mmap(fd, info.st_size, flags=flags, prot=mmap.PROT_READ)
-    finally:
-        os.close(fd)
-    try:
-        yield memoryview(mapped)
-    finally:
-        with contextlib.suppress(BufferError):  # tensors still over it: the GC unmaps it
-            mapped.close()
-
-
-def stat_is_regular(mode: int) -> bool:
-    """True for a regular file's ``st_mode``."""
-    import stat
-
-    return stat.S_ISREG(mode)
 
 
 def weights_url(base_url: str, version: int) -> str:
@@ -547,6 +206,7 @@ async def _put(
 
 
 __all__ = [
-    "MAGIC", "WeightsDelta", "changed", "decode", "encode", "parse_header", "push_weights",
-    "snapshot", "weights_url",
+    "BASE_HEADER", "DELTA_HEADER", "FILE_HEADER", "MAGIC", "WeightsDelta", "changed", "decode",
+    "delta_base", "encode", "mapped_push_file", "parse_header", "push_dir", "push_weights",
+    "snapshot", "untied", "weights_url", "write_push_file",
 ]  # fmt: skip
