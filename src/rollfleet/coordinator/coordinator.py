@@ -31,7 +31,15 @@ from typing import Any
 
 from rollfleet.coordinator.aggregate import batch_result, fetch_rollouts, write_batch_experiences
 from rollfleet.coordinator.experiences import ExperienceStats
-from rollfleet.coordinator.staleness import admissible, check_max_staleness, due, staleness
+from rollfleet.coordinator.staleness import (
+    admissible,
+    check_max_staleness,
+    check_order,
+    due,
+    held_back,
+    in_flight,
+    staleness,
+)
 from rollfleet.coordinator.state import (
     STATE_PREFIX,
     AbortResult,
@@ -228,7 +236,8 @@ class RolloutCoordinator:
             version = None if resources is None else resources.version
             specs = rollout_specs(batch, tasks, mode, config, priority, version)
             async with self._admit_lock:
-                if bound is not None and (self._held() or not self._admissible(batch)):
+                queued = held_back(self._batches.values())
+                if bound is not None and (queued or not self._admissible(batch)):
                     batch.held = specs
                     await self._save(batch)
                 else:
@@ -265,19 +274,8 @@ class RolloutCoordinator:
         log.info("policy version %d served", version)
         return await self._admit_held()
 
-    def _running_train(self) -> list[BatchState]:
-        """Train batches admitted and not finalized yet, in admission order."""
-        live = (S.RUNNING, S.FINALIZING)
-        found = [b for b in self._batches.values() if b.batch_type == "train" and b.state in live]
-        return sorted(found, key=lambda b: b.created_at)
-
-    def _held(self) -> list[BatchState]:
-        """Batches held back by max_staleness, oldest first."""
-        found = [b for b in self._batches.values() if b.state is S.PENDING and b.held]
-        return sorted(found, key=lambda b: b.created_at)
-
     def _admissible(self, batch: BatchState) -> bool:
-        ahead = len(self._running_train())
+        ahead = len(in_flight(self._batches.values()))
         return admissible(batch.max_staleness, self._finalize_count, self.policy_version, ahead)
 
     async def _admit(self, batch: BatchState, specs: list[RolloutSpec]) -> None:
@@ -294,7 +292,7 @@ class RolloutCoordinator:
         """Enqueue held batches, oldest first, while max_staleness allows."""
         admitted: list[str] = []
         async with self._admit_lock:
-            for batch in self._held():
+            for batch in held_back(self._batches.values()):
                 if not self._admissible(batch):
                     break
                 await self._admit(batch, batch.held)
@@ -342,7 +340,7 @@ class RolloutCoordinator:
         async with self._locks.setdefault(batch_id, asyncio.Lock()):
             if batch.state is S.FINALIZED and batch.final_result is not None:
                 return batch.final_result
-            self._check_order(batch)
+            check_order(batch, self._batches.values(), self._finalize_count)
             if batch.state is not S.FINALIZING:  # FINALIZING: a finalize cut short, resumed here
                 move_batch(batch, S.FINALIZING)  # an aborted (or finalized) batch is refused
                 await self._save(batch)
@@ -364,24 +362,6 @@ class RolloutCoordinator:
                 result = await self._commit(batch, stragglers)
             await self._admit_held()
             return result
-
-    def _check_order(self, batch: BatchState) -> None:
-        """Refuse a finalize that would leave a batch staler than its max_staleness."""
-        if batch.state is S.PENDING and batch.held:
-            raise Conflict(
-                f"batch {batch.batch_id} is held back by max_staleness {batch.max_staleness}: "
-                "finalize the train batches before it (or push weights and set the policy "
-                "version) first"
-            )
-        if batch.batch_type != "train" or batch.state is not S.RUNNING:
-            return
-        index = self._finalize_count
-        for other in self._running_train():
-            if other is not batch and due(other.max_staleness, other.admitted_at, index):
-                raise Conflict(
-                    f"finalize batch {other.batch_id} first: it must be consumed now to stay "
-                    f"within its max_staleness {other.max_staleness}"
-                )
 
     async def _check_due(self, batch: BatchState, own: list[str], must: list[str]) -> None:
         """Conflict (the batch stays finalizing) when work due now is still running: carrying it

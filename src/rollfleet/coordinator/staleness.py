@@ -19,12 +19,18 @@ The rules below keep every consumed sample within k and throw no finished sample
 - **Stragglers.** A group left running by one finalize (``carry_over``) joins a later one; it is
   *due* at the last finalize that keeps it within k, and that finalize waits for it.
 
-:func:`admissible` and :func:`due` are pure; the coordinator applies them.
+:func:`admissible`, :func:`due` and the batch-list helpers below are pure; the coordinator
+applies them.
 """
 
 from __future__ import annotations
 
-from rollfleet.errors import InvalidInput
+from collections.abc import Iterable
+
+from rollfleet.coordinator.state import BatchLifecycleState, BatchState
+from rollfleet.errors import Conflict, InvalidInput
+
+S = BatchLifecycleState
 
 MAX_STALENESS_BOUND = 1000  # train steps: a larger bound is no bound
 
@@ -56,3 +62,35 @@ def due(k: int | None, admitted_at: int | None, index: int) -> bool:
 def staleness(index: int, admitted_at: int | None, fallback: int) -> int:
     """Staleness of work admitted at ``admitted_at`` consumed by finalize ``index``."""
     return fallback if admitted_at is None else max(0, index - admitted_at)
+
+
+def in_flight(batches: Iterable[BatchState]) -> list[BatchState]:
+    """Train batches admitted and not finalized yet, in admission order."""
+    live = (S.RUNNING, S.FINALIZING)
+    found = [b for b in batches if b.batch_type == "train" and b.state in live]
+    return sorted(found, key=lambda b: b.created_at)
+
+
+def held_back(batches: Iterable[BatchState]) -> list[BatchState]:
+    """Batches held back by max_staleness, oldest first."""
+    found = [b for b in batches if b.state is S.PENDING and b.held]
+    return sorted(found, key=lambda b: b.created_at)
+
+
+def check_order(batch: BatchState, batches: Iterable[BatchState], index: int) -> None:
+    """Conflict for finalize ``index`` going to ``batch`` when it is held back, or when another
+    batch would then be consumed staler than its max_staleness."""
+    if batch.state is S.PENDING and batch.held:
+        raise Conflict(
+            f"batch {batch.batch_id} is held back by max_staleness {batch.max_staleness}: "
+            "finalize the train batches before it (or push weights and set the policy "
+            "version) first"
+        )
+    if batch.batch_type != "train" or batch.state is not S.RUNNING:
+        return
+    for other in in_flight(batches):
+        if other is not batch and due(other.max_staleness, other.admitted_at, index):
+            raise Conflict(
+                f"finalize batch {other.batch_id} first: it must be consumed now to stay "
+                f"within its max_staleness {other.max_staleness}"
+            )
