@@ -10,12 +10,12 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+from support import postgres_url, require
 
 from rollfleet.client import HttpStore
 from rollfleet.server.embedded import ServerThread
 from rollfleet.store import open_sql_store
 from rollfleet.testing import FakeClock
-from support import postgres_url, require
 
 BACKENDS = ["sqlite", "postgres", "http-sqlite", "http-postgres"]
 
@@ -101,3 +101,27 @@ def llama() -> Iterator[Any]:
     asyncio.run(engine.start())
     yield engine
     asyncio.run(engine.stop())
+
+
+@pytest.fixture
+async def hf_served() -> AsyncIterator[tuple[str, Any, Any]]:
+    """A tiny HF engine behind a gateway served over HTTP (token ``s3cret``): url, gateway, engine."""
+    import importlib.util
+
+    from support import require
+
+    require(bool(importlib.util.find_spec("transformers") and importlib.util.find_spec("torch")),
+            "transformers and torch (rollfleet[hf])")
+    from rollfleet.engines.gateway import Gateway
+    from rollfleet.engines.gateway_app import running_gateway
+    from rollfleet.engines.hf import HFEngine, tiny_hf_model
+
+    engine = HFEngine(*tiny_hf_model(seed=0), max_batch=8)
+    await engine.start()
+    gateway = Gateway()
+    gateway.add_replica(engine, "hf-0")
+    try:
+        async with running_gateway(gateway, token="s3cret") as url:
+            yield url, gateway, engine
+    finally:
+        await gateway.close()

@@ -77,7 +77,7 @@ class ServeProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self._popen = subprocess.Popen
 
-    def start(self, timeout: float = 60.0) -> "ServeProcess":
+    def start(self, timeout: float = 60.0) -> ServeProcess:
         """Start and wait for /health."""
         import subprocess
         import time
@@ -132,3 +132,12 @@ def next_token_logprobs(path: object, prompts: list[str]) -> list:
         return rows
     finally:
         model.close()
+
+
+async def greedy(engine: object, prompt: str = "hello", max_tokens: int = 12) -> list[int]:
+    """An engine's greedy completion token ids for ``prompt`` (EOS ignored)."""
+    from rollfleet.engines.base import GenerationRequest, SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    result = await engine.generate(GenerationRequest(prompt=prompt, params=params))  # type: ignore[attr-defined]
+    return list(result.completion_token_ids)

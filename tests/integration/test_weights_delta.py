@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
-from support import require
+from support import greedy, require
 
-from rollfleet.engines.base import GenerationRequest, SamplingParams
 from rollfleet.engines.gateway import Gateway
-from rollfleet.engines.gateway_app import running_gateway
 from rollfleet.engines.weights import (
     BASE_HEADER,
     DELTA_HEADER,
@@ -34,30 +32,8 @@ from rollfleet.engines.weights import (
 from rollfleet.errors import Conflict, InvalidInput
 
 HAVE = bool(importlib.util.find_spec("transformers") and importlib.util.find_spec("torch"))
-GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 AUTH = {"authorization": "Bearer s3cret"}
 LAYER1 = "model.layers.1."
-
-
-@pytest.fixture
-async def served() -> AsyncIterator[tuple[str, Gateway, Any]]:
-    require(HAVE, "transformers and torch (rollfleet[hf])")
-    from rollfleet.engines.hf import HFEngine, tiny_hf_model
-
-    engine = HFEngine(*tiny_hf_model(seed=0), max_batch=4)
-    await engine.start()
-    gateway = Gateway()
-    gateway.add_replica(engine, "hf-0")
-    try:
-        async with running_gateway(gateway, token="s3cret") as url:
-            yield url, gateway, engine
-    finally:
-        await gateway.close()
-
-
-async def greedy(engine: Any, prompt: str = "hello") -> list[int]:
-    result = await engine.generate(GenerationRequest(prompt=prompt, params=GREEDY))
-    return list(result.completion_token_ids)
 
 
 def state(seed: int) -> dict[str, Any]:
@@ -72,13 +48,13 @@ def served_state(engine: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize("transport", ["http", "file"])
 async def test_a_delta_changes_just_the_sent_tensors_and_answers_as_the_merged_model(
-    served, transport
+    hf_served, transport
 ) -> None:
     """Layer 1 of another model and a new final norm over seed 0's weights: the engine holds
     exactly the merge, and generates what a fresh engine loaded with the merge generates."""
     from rollfleet.engines.hf import HFEngine, tiny_hf_model
 
-    url, gateway, engine = served
+    url, gateway, engine = hf_served
     before, old = await greedy(engine), served_state(engine)
     merged = {**old, **{n: t for n, t in state(1).items() if n.startswith(LAYER1)}}
     merged["model.norm.weight"] = old["model.norm.weight"] + 0.5
@@ -104,8 +80,8 @@ async def test_a_delta_changes_just_the_sent_tensors_and_answers_as_the_merged_m
         await fresh.stop()
 
 
-async def test_a_delta_on_another_base_is_409_and_changes_nothing(served) -> None:
-    url, gateway, engine = served
+async def test_a_delta_on_another_base_is_409_and_changes_nothing(hf_served) -> None:
+    url, gateway, engine = hf_served
     await push_weights(url, list(state(1).items()), version=1, token="s3cret")
     before, old = await greedy(engine), served_state(engine)
     layer = [(n, t) for n, t in state(2).items() if n.startswith(LAYER1)]
@@ -124,11 +100,11 @@ async def test_a_delta_on_another_base_is_409_and_changes_nothing(served) -> Non
     assert answer["version"] == engine.version == 2
 
 
-async def test_every_replica_must_serve_the_base(served) -> None:
+async def test_every_replica_must_serve_the_base(hf_served) -> None:
     """Replicas that disagree (one was updated on its own) take no delta: none of them changes."""
     from rollfleet.engines.hf import HFEngine, tiny_hf_model
 
-    _, gateway, engine = served
+    _, gateway, engine = hf_served
     second = HFEngine(*tiny_hf_model(seed=0))
     await second.start()
     gateway.add_replica(second, "hf-1")
@@ -144,8 +120,8 @@ async def test_every_replica_must_serve_the_base(served) -> None:
         await engine.update_weights(WeightsDelta(layer, base=0), version=2)
 
 
-async def test_a_full_push_missing_a_tensor_is_422_naming_it(served) -> None:
-    url, _, engine = served
+async def test_a_full_push_missing_a_tensor_is_422_naming_it(hf_served) -> None:
+    url, _, engine = hf_served
     before = await greedy(engine)
     full = state(1)
     short = [(n, t) for n, t in full.items() if n != "model.layers.1.mlp.up_proj.weight"]
@@ -157,8 +133,8 @@ async def test_a_full_push_missing_a_tensor_is_422_naming_it(served) -> None:
     assert engine.version == 1
 
 
-async def test_an_unknown_or_misshaped_tensor_in_a_delta_is_422_and_changes_nothing(served) -> None:
-    url, _, engine = served
+async def test_an_unknown_or_misshaped_tensor_in_a_delta_is_422_and_changes_nothing(hf_served) -> None:
+    url, _, engine = hf_served
     before, old = await greedy(engine), served_state(engine)
     layer = [(n, t) for n, t in state(1).items() if n.startswith(LAYER1)]  # valid, sent first
     with pytest.raises(InvalidInput, match="unknown tensor 'nope'"):
@@ -171,8 +147,8 @@ async def test_an_unknown_or_misshaped_tensor_in_a_delta_is_422_and_changes_noth
     assert all(t.equal(old[n]) for n, t in served_state(engine).items())
 
 
-async def test_delta_headers_must_come_together(served) -> None:
-    url, _, engine = served
+async def test_delta_headers_must_come_together(hf_served) -> None:
+    url, _, engine = hf_served
     layer = [(n, t) for n, t in state(1).items() if n.startswith(LAYER1)]
     body = b"".join(map(bytes, encode(layer)))
     async with httpx.AsyncClient() as client:

@@ -4,47 +4,19 @@ whole or not at all, refused with a reason, and survived when the trainer dies m
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from support import require
+from support import greedy
 
 from rollfleet.engines.base import GenerationRequest, SamplingParams
-from rollfleet.engines.gateway import Gateway
-from rollfleet.engines.gateway_app import running_gateway
 from rollfleet.engines.weights import encode, push_weights, weights_url
 from rollfleet.errors import Conflict, InvalidInput
-
-HAVE = bool(importlib.util.find_spec("transformers") and importlib.util.find_spec("torch"))
-GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
-
-
-@pytest.fixture
-async def served() -> AsyncIterator[tuple[str, Gateway, Any]]:
-    require(HAVE, "transformers and torch (rollfleet[hf])")
-    from rollfleet.engines.hf import HFEngine, tiny_hf_model
-
-    engine = HFEngine(*tiny_hf_model(seed=0), max_batch=8)
-    await engine.start()
-    gateway = Gateway()
-    gateway.add_replica(engine, "hf-0")
-    try:
-        async with running_gateway(gateway, token="s3cret") as url:
-            yield url, gateway, engine
-    finally:
-        await gateway.close()
-
-
-async def greedy(engine: Any, prompt: str = "hello") -> list[int]:
-    result = await engine.generate(GenerationRequest(prompt=prompt, params=GREEDY))
-    return list(result.completion_token_ids)
 
 
 def state(seed: int) -> list[tuple[str, Any]]:
@@ -54,11 +26,11 @@ def state(seed: int) -> list[tuple[str, Any]]:
 
 
 @pytest.mark.parametrize("transport", ["http", "file"])
-async def test_a_push_during_generation_fails_none_and_matches_a_fresh_engine(served, transport) -> None:
+async def test_a_push_during_generation_fails_none_and_matches_a_fresh_engine(hf_served, transport) -> None:
     """Over the wire (the body streams) and on this host (shared memory, the path is sent)."""
     from rollfleet.engines.hf import HFEngine, tiny_hf_model
 
-    url, gateway, engine = served
+    url, gateway, engine = hf_served
     before = await greedy(engine)
     running = [asyncio.create_task(gateway.generate(GenerationRequest(
         prompt=f"p{i}", params=SamplingParams(max_tokens=40, ignore_eos=True)))) for i in range(8)]
@@ -79,8 +51,8 @@ async def test_a_push_during_generation_fails_none_and_matches_a_fresh_engine(se
         await fresh.stop()
 
 
-async def test_stale_and_duplicate_versions_are_409_and_change_nothing(served) -> None:
-    url, gateway, engine = served
+async def test_stale_and_duplicate_versions_are_409_and_change_nothing(hf_served) -> None:
+    url, gateway, engine = hf_served
     await push_weights(url, state(1), version=5, token="s3cret")
     before = await greedy(engine)
     for version in (5, 3):
@@ -89,8 +61,8 @@ async def test_stale_and_duplicate_versions_are_409_and_change_nothing(served) -
     assert engine.version == 5 and await greedy(engine) == before
 
 
-async def test_bad_tensors_and_corrupt_buckets_are_422_naming_them(served) -> None:
-    url, gateway, engine = served
+async def test_bad_tensors_and_corrupt_buckets_are_422_naming_them(hf_served) -> None:
+    url, gateway, engine = hf_served
     before = await greedy(engine)
     good = state(1)
     with pytest.raises(InvalidInput, match="unknown tensor 'nope'"):
@@ -107,8 +79,8 @@ async def test_bad_tensors_and_corrupt_buckets_are_422_naming_them(served) -> No
     assert engine.version == 0 and await greedy(engine) == before  # nothing was half-applied
 
 
-async def test_a_push_needs_the_token_and_the_octet_stream_type(served) -> None:
-    url, _, engine = served
+async def test_a_push_needs_the_token_and_the_octet_stream_type(hf_served) -> None:
+    url, _, engine = hf_served
     with pytest.raises(Exception, match="(?i)token|unauthori"):
         await push_weights(url, state(1), version=1)
     async with httpx.AsyncClient() as client:
@@ -119,9 +91,9 @@ async def test_a_push_needs_the_token_and_the_octet_stream_type(served) -> None:
 
 
 async def test_a_trainer_killed_mid_push_leaves_the_old_weights_and_the_next_push_works(
-    served, tmp_path
+    hf_served, tmp_path
 ) -> None:
-    url, gateway, engine = served
+    url, gateway, engine = hf_served
     before = await greedy(engine)
     trainer = textwrap.dedent(f"""
         import sys, threading, httpx
@@ -150,20 +122,20 @@ async def test_a_trainer_killed_mid_push_leaves_the_old_weights_and_the_next_pus
     assert engine.version == 1 and await greedy(engine) != before
 
 
-async def test_in_process_push_goes_straight_to_the_gateway(served) -> None:
-    _, gateway, engine = served
+async def test_in_process_push_goes_straight_to_the_gateway(hf_served) -> None:
+    _, gateway, engine = hf_served
     answer = await push_weights(gateway, state(3), version=2)
     assert answer["version"] == 2 and engine.version == 2
 
 
-async def test_a_push_file_must_be_one_this_user_wrote_in_the_push_directory(served, tmp_path) -> None:
+async def test_a_push_file_must_be_one_this_user_wrote_in_the_push_directory(hf_served, tmp_path) -> None:
     """The path a client names is untrusted: only a regular file of the server's user, named
     like a push file, directly in the push directory, is read."""
     import os
 
     from rollfleet.engines.weights import FILE_HEADER, push_dir, write_push_file
 
-    url, _, engine = served
+    url, _, engine = hf_served
     real = write_push_file(state(1), 1 << 20)
     link = os.path.join(push_dir(), "rollfleet-weights-" + "0" * 32 + ".rfw")
     os.symlink(real, link)
@@ -186,7 +158,7 @@ async def test_a_push_file_must_be_one_this_user_wrote_in_the_push_directory(ser
 
 
 async def test_a_push_file_round_trips_and_a_flipped_byte_in_it_is_422_naming_the_bucket(
-    served,
+    hf_served,
 ) -> None:
     """The file is written a chunk at a time with each header after its payload: it decodes to
     the tensors sent, and a byte changed in it is caught, before anything is applied."""
@@ -194,7 +166,7 @@ async def test_a_push_file_round_trips_and_a_flipped_byte_in_it_is_422_naming_th
 
     from rollfleet.engines.weights import FILE_HEADER, decode, mapped_push_file, write_push_file
 
-    url, _, engine = served
+    url, _, engine = hf_served
     before = await greedy(engine)
     sent = state(1)
     path = write_push_file(sent, 1 << 16)
@@ -221,11 +193,11 @@ async def test_a_push_file_round_trips_and_a_flipped_byte_in_it_is_422_naming_th
         os.unlink(path)
 
 
-async def test_an_old_format_push_is_422_naming_the_format(served) -> None:
+async def test_an_old_format_push_is_422_naming_the_format(hf_served) -> None:
     import json
     import struct
 
-    url, _, engine = served
+    url, _, engine = hf_served
     head = json.dumps({"tensors": [["model.norm.weight", "float32", [1], 4]], "crc32": 0}).encode()
     old = b"RFW1" + struct.pack("<I", len(head)) + head + bytes(4) + struct.pack("<I", 0)
     async with httpx.AsyncClient() as client:
