@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import socket
@@ -141,3 +142,25 @@ async def greedy(engine: object, prompt: str = "hello", max_tokens: int = 12) ->
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     result = await engine.generate(GenerationRequest(prompt=prompt, params=params))  # type: ignore[attr-defined]
     return list(result.completion_token_ids)
+
+
+async def streaming(engine: object, request: object, after: int) -> asyncio.Task[object]:
+    """Stream ``request`` on ``engine`` in a task; return it once ``after`` deltas arrived (the
+    task's result is the final Generation)."""
+    from rollfleet.engines.base import Generation
+
+    seen = asyncio.Event()
+
+    async def run() -> object:
+        count = 0
+        async for item in engine.stream(request):  # type: ignore[attr-defined]
+            if isinstance(item, Generation):
+                return item
+            count += 1
+            if count == after:
+                seen.set()
+        raise AssertionError("the stream ended without a result")
+
+    task = asyncio.create_task(run())
+    await asyncio.wait_for(seen.wait(), 60)
+    return task

@@ -7,10 +7,10 @@ import importlib.util
 import threading
 
 import pytest
+from support import require, streaming
 
 from rollfleet.engines.base import FinishReason, Generation, GenerationRequest, SamplingParams
 from rollfleet.errors import EngineError
-from support import require
 
 HAVE = bool(importlib.util.find_spec("transformers") and importlib.util.find_spec("torch"))
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
@@ -120,21 +120,7 @@ async def test_engine_hf_new_weights_mid_generation_continue_it_under_the_new_po
     from rollfleet.engines.hf import HFEngine, tiny_hf_model
 
     long = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
-    seen = asyncio.Event()
-    count = 0
-
-    async def run() -> Generation:
-        nonlocal count
-        async for item in engine.stream(GenerationRequest(prompt="tell me", params=long)):
-            if isinstance(item, Generation):
-                return item
-            count += 1
-            if count == 5:
-                seen.set()
-        raise AssertionError("no result")
-
-    task = asyncio.create_task(run())
-    await asyncio.wait_for(seen.wait(), 60)
+    task = await streaming(engine, GenerationRequest(prompt="tell me", params=long), after=5)
     gate = threading.Event()
     engine.inbox.put(gate.wait)  # the worker stops at the next step boundary, mid-request
 

@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from support import require
+from support import require, streaming
 
-from rollfleet.engines.base import Generation, GenerationRequest, SamplingParams, WeightsDelta
+from rollfleet.engines.base import GenerationRequest, SamplingParams, WeightsDelta
 from rollfleet.engines.gateway import Gateway
 from rollfleet.errors import Conflict, EngineError
 
@@ -152,21 +152,7 @@ async def test_running_generations_go_on_under_the_swapped_in_model(engine) -> N
     """The first update (the standby made while the request decodes) lands mid-request: the
     version change shows in the result and the tokens after it are a fresh engine's."""
     long = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
-    seen = asyncio.Event()
-    count = 0
-
-    async def run() -> Generation:
-        nonlocal count
-        async for item in engine.stream(GenerationRequest(prompt="tell me", params=long)):
-            if isinstance(item, Generation):
-                return item
-            count += 1
-            if count == 5:
-                seen.set()
-        raise AssertionError("no result")
-
-    task = asyncio.create_task(run())
-    await asyncio.wait_for(seen.wait(), 60)
+    task = await streaming(engine, GenerationRequest(prompt="tell me", params=long), after=5)
     gate = threading.Event()
     engine.inbox.put(gate.wait)  # the worker stops at the next step boundary, mid-request
     swap = asyncio.create_task(engine.update_weights(state(1).items(), version=3))
