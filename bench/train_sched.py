@@ -44,19 +44,15 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
-import platform
 import random
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
+from bench._common import write_results
 from rollfleet.client import connect
 from rollfleet.coordinator import BatchLifecycleState, RolloutCoordinator
 from rollfleet.model import AttemptStatus, Rollout, RolloutResult
@@ -74,7 +70,6 @@ KS = (0, 1, 2, 4)
 ROUNDS = 3
 SEED = 7  # as bench/stragglers.py
 AREAL_SPEEDUP = 2.77  # AReaL (arXiv 2505.24298), abstract: "up to 2.77x" over synchronous RL
-RESULT = Path(__file__).parent / "results" / "train_sched.json"
 
 
 @dataclass
@@ -279,8 +274,6 @@ async def compare() -> dict[str, Any]:
     summary = summarize(runs)
     best = max(KS, key=lambda k: summary[str(k)]["speedup_vs_sync"]["median"])
     return {
-        "benchmark": "train_sched",
-        "command": "python -m bench.train_sched",
         "config": {
             "tasks": TASKS,
             "workers": WORKERS,
@@ -296,12 +289,6 @@ async def compare() -> dict[str, Any]:
             "orders": orders,
             "seed": SEED,
             "store": "sqlite (embedded)",
-        },
-        "machine": {
-            "python": sys.version.split()[0],
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "date": time.strftime("%Y-%m-%d"),
         },
         "plan": {
             "mean_duration_s": statistics.mean(d for b in plan for d in b),
@@ -379,9 +366,7 @@ def main() -> dict[str, Any]:
     """Run the comparison, print it, write bench/results/train_sched.json, return the figures."""
     report = asyncio.run(compare())
     _print(report)
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
-    return report
+    return write_results("train_sched", report, "python -m bench.train_sched")
 
 
 if __name__ == "__main__":
