@@ -42,7 +42,9 @@ def new_weights(kind: str) -> tuple[list[tuple[str, Any]], Any]:
     return list(model.state_dict().items()), model
 
 
-async def fresh_greedy(kind: str, tensors: list[tuple[str, Any]], made: Any, prompts: list[str]) -> list[list[int]]:
+async def fresh_greedy(
+    kind: str, tensors: list[tuple[str, Any]], made: Any, prompts: list[str]
+) -> list[list[int]]:
     """Greedy tokens of a fresh engine started on the new weights, one prompt at a time."""
     from rollfleet.engines.base import GenerationRequest, SamplingParams
 
@@ -61,8 +63,14 @@ async def fresh_greedy(kind: str, tensors: list[tuple[str, Any]], made: Any, pro
     await engine.start()
     try:
         params = SamplingParams(max_tokens=GREEDY_TOKENS, temperature=0, ignore_eos=True)
-        return [list((await engine.generate(GenerationRequest(prompt=p, params=params))).completion_token_ids)
-                for p in prompts]
+        return [
+            list(
+                (
+                    await engine.generate(GenerationRequest(prompt=p, params=params))
+                ).completion_token_ids
+            )
+            for p in prompts
+        ]
     finally:
         await engine.stop()
 

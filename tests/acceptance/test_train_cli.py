@@ -11,20 +11,44 @@ import pytest
 
 
 def train(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rollfleet.cli", "train", *args], capture_output=True,
-                          text=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "rollfleet.cli", "train", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
-@pytest.mark.parametrize(("make", "args", "message"), [
-    (lambda d: d.write_text('{"question": "1+1?", "answer": 2}\n'), ["--mode", "nope"], "--mode 'nope': choose one of"),
-    (lambda d: d.write_text(""), ["--mode", "math"], "no tasks in the file"),
-    (lambda d: d.write_text('{"question": "1+1?", "answer": 2}\n{"answer": 3}\n'), ["--mode", "math"], ":2"),
-    (lambda d: d.write_text('{"question": "1+1?", "answer": 2}\n'), ["--mode", "math", "--group-size", "0"],
-     "--group-size must be at least 1"),
-    (lambda d: d.write_text('{"question": "1+1?", "answer": 2}\n'), ["--mode", "math", "--max-staleness", "-1"],
-     "--max-staleness must be 0 to 1000"),
-])
-def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path: Path, make, args, message) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    ("make", "args", "message"),
+    [
+        (
+            lambda d: d.write_text('{"question": "1+1?", "answer": 2}\n'),
+            ["--mode", "nope"],
+            "--mode 'nope': choose one of",
+        ),
+        (lambda d: d.write_text(""), ["--mode", "math"], "no tasks in the file"),
+        (
+            lambda d: d.write_text('{"question": "1+1?", "answer": 2}\n{"answer": 3}\n'),
+            ["--mode", "math"],
+            ":2",
+        ),
+        (
+            lambda d: d.write_text('{"question": "1+1?", "answer": 2}\n'),
+            ["--mode", "math", "--group-size", "0"],
+            "--group-size must be at least 1",
+        ),
+        (
+            lambda d: d.write_text('{"question": "1+1?", "answer": 2}\n'),
+            ["--mode", "math", "--max-staleness", "-1"],
+            "--max-staleness must be 0 to 1000",
+        ),
+    ],
+)
+def test_bad_input_is_one_clear_line_and_writes_nothing(
+    tmp_path: Path, make, args, message
+) -> None:  # type: ignore[no-untyped-def]
     data = tmp_path / "tasks.jsonl"
     make(data)
     out = tmp_path / "out"

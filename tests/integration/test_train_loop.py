@@ -22,12 +22,24 @@ async def test_two_steps_train_push_and_stay_within_the_bound(tmp_path: Path) ->
     require(all(importlib.util.find_spec(m) for m in NEEDS), " and ".join(NEEDS))
     from rollfleet.run.train import TrainOptions, train
 
-    opts = TrainOptions(mode="math", data=DATA, output_dir=tmp_path / "out", steps=2, tasks_per_step=2,
-                        group_size=2, max_staleness=1, max_tokens=24)
+    opts = TrainOptions(
+        mode="math",
+        data=DATA,
+        output_dir=tmp_path / "out",
+        steps=2,
+        tasks_per_step=2,
+        group_size=2,
+        max_staleness=1,
+        max_tokens=24,
+    )
     records = await train(opts, Console(quiet=True))
     assert [r["weights_version"] for r in records] == [1, 2]
     assert all(r["experiences"] == 4 for r in records)  # 2 tasks x 2 samples, each with logprobs
     assert all(r["staleness/max"] <= 1 for r in records)
-    assert all(0.5 < r["ratio_mean"] < 2.0 for r in records)  # the engine's logprobs vs the trainer's
-    lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert all(
+        0.5 < r["ratio_mean"] < 2.0 for r in records
+    )  # the engine's logprobs vs the trainer's
+    lines = [
+        json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert lines == records

@@ -14,12 +14,24 @@ from rollfleet.errors import InvalidInput
 HAVE = bool(importlib.util.find_spec("torch") and importlib.util.find_spec("transformers"))
 
 
-def row(tokens: list[int], prompt: int, advantage: float, logprobs: list[float] | None = None) -> Experience:
+def row(
+    tokens: list[int], prompt: int, advantage: float, logprobs: list[float] | None = None
+) -> Experience:
     n = len(tokens)
-    return Experience(rollout_id=f"r{advantage}", batch_id="b", group_id="g", turn=0, tokens=tokens,
-                      prompt_length=prompt, logprobs=logprobs if logprobs is not None else [0.0] * n,
-                      action_mask=[0] * prompt + [1] * (n - prompt), reward=advantage, advantage=advantage,
-                      policy_version=0, staleness=0)
+    return Experience(
+        rollout_id=f"r{advantage}",
+        batch_id="b",
+        group_id="g",
+        turn=0,
+        tokens=tokens,
+        prompt_length=prompt,
+        logprobs=logprobs if logprobs is not None else [0.0] * n,
+        action_mask=[0] * prompt + [1] * (n - prompt),
+        reward=advantage,
+        advantage=advantage,
+        policy_version=0,
+        staleness=0,
+    )
 
 
 @pytest.fixture
@@ -56,7 +68,9 @@ def test_token_logprobs_are_the_models_next_token_logprobs(model) -> None:
     got = token_logprobs(model, batch)
     with torch.no_grad():
         logits = model(input_ids=batch.input_ids).logits[0]
-    want = [0.0] + [torch.log_softmax(logits[t - 1], -1)[batch.input_ids[0, t]].item() for t in range(1, 4)]
+    want = [0.0] + [
+        torch.log_softmax(logits[t - 1], -1)[batch.input_ids[0, t]].item() for t in range(1, 4)
+    ]
     assert got[0].tolist() == pytest.approx(want, abs=1e-5)
 
 
@@ -70,7 +84,9 @@ def test_on_policy_the_loss_is_minus_advantage_and_the_ratio_one(model) -> None:
         behaviour = token_logprobs(model, base)
     batch = collate([row([5, 6, 7, 8], 2, 0.5, logprobs=behaviour[0].tolist())])
     loss, stats = grpo_loss(token_logprobs(model, batch), batch)
-    assert stats.loss == pytest.approx(-0.5, abs=1e-5) and stats.ratio_mean == pytest.approx(1.0, abs=1e-5)
+    assert stats.loss == pytest.approx(-0.5, abs=1e-5) and stats.ratio_mean == pytest.approx(
+        1.0, abs=1e-5
+    )
     assert stats.clipped == 0.0 and stats.approx_kl == pytest.approx(0.0, abs=1e-6)
 
 

@@ -80,8 +80,7 @@ async def train(opts: TrainOptions, console: Console) -> list[dict[str, Any]]:
     """Run every step; returns (and writes to OUTPUT/metrics.jsonl) one record per step."""
     import torch
 
-    from rollfleet.engines.weights import push_weights
-    from rollfleet.train.policy import grpo_step, load_policy
+    from rollfleet.train.policy import load_policy
 
     opts.check()
     run = opts.run_options()
@@ -112,8 +111,7 @@ async def train(opts: TrainOptions, console: Console) -> list[dict[str, Any]]:
                                 max_staleness=opts.max_staleness,
                             )  # fmt: skip
                             submitted += 1
-                        record = await _step(step, coordinator, model, optimizer, llm.gateway,
-                                             grpo_step, push_weights)  # fmt: skip
+                        record = await _step(step, coordinator, model, optimizer, llm.gateway)
                         records.append(record)
                         with (opts.output_dir / "metrics.jsonl").open("a") as out:
                             out.write(json.dumps(record) + "\n")
@@ -123,7 +121,7 @@ async def train(opts: TrainOptions, console: Console) -> list[dict[str, Any]]:
                         )
                 finally:
                     fleet.stop()
-                    fleet.stop()
+                    fleet.stop()  # the second ends the runners' long-polls now (as run does)
                     await running
         finally:
             await coordinator.close()
@@ -132,18 +130,21 @@ async def train(opts: TrainOptions, console: Console) -> list[dict[str, Any]]:
 
 
 async def _step(
-    step: int, coordinator: Any, model: Any, optimizer: Any, gateway: Any, grpo: Any, push: Any
+    step: int, coordinator: CoordinatorClient, model: Any, optimizer: Any, gateway: Any
 ) -> dict[str, Any]:
     """Finalize batch ``step``, train on it, push version ``step + 1``; the step's record."""
+    from rollfleet.engines.weights import push_weights
+    from rollfleet.train.policy import grpo_step
+
     started = time.perf_counter()
     result = await coordinator.finalize_train_batch(f"step-{step}")
     generated = time.perf_counter()
     stats = await coordinator.process_experiences(f"step-{step}")
     rows = [r for r in read_experiences(stats.path) if r.logprobs is not None]
     trained = time.perf_counter()
-    figures = grpo(model, optimizer, rows) if rows else None
+    figures = grpo_step(model, optimizer, rows) if rows else None
     pushed = time.perf_counter()
-    await push(gateway, model.state_dict().items(), version=step + 1)
+    await push_weights(gateway, model.state_dict().items(), version=step + 1)
     await coordinator.set_policy_version(step + 1)
     done = time.perf_counter()
     return {
