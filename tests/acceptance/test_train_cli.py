@@ -55,8 +55,10 @@ def train(*args: str) -> subprocess.CompletedProcess[str]:
             "--engine 'vllm': choose one of llamacpp, hf",
         ),
         (
-            lambda d: (d.write_text('{"question": "1+1?", "answer": 2}\n'),
-                       d.with_name("eval.jsonl").write_text('{"question": "2+2?"}\n')),
+            lambda d: (
+                d.write_text('{"question": "1+1?", "answer": 2}\n'),
+                d.with_name("eval.jsonl").write_text('{"question": "2+2?"}\n'),
+            ),
             ["--mode", "math", "--eval-data", "EVAL"],
             "eval.jsonl:1",
         ),

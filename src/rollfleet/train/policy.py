@@ -116,7 +116,7 @@ class Policy:
             raise InvalidInput(f"--lora-rank must be 1 to 1024, got {lora_rank}")
         self.lora = lora_rank is not None
         self._initial = None
-        if self.lora:
+        if lora_rank is not None:
             from peft import LoraConfig, get_peft_model
 
             config = LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, lora_dropout=0.0,
@@ -160,6 +160,7 @@ class Policy:
             for name, module in self.model.named_modules():
                 if isinstance(module, LoraLayer):
                     weight = module.get_base_layer().weight
-                    merged = weight + module.get_delta_weight("default").to(weight.dtype)
+                    delta = module.get_delta_weight("default")  # type: ignore[attr-defined]
+                    merged = weight + delta.to(weight.dtype)
                     out[name.removeprefix(PEFT_PREFIX) + ".weight"] = merged
         return out
