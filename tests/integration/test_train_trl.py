@@ -85,3 +85,28 @@ def test_a_rollout_without_tokens_reaches_trl_as_an_unscored_placeholder() -> No
     assert out["completion_ids"] == [[7, 8], [9], [9], [7, 8]]
     assert out["logprobs"] == [[-0.5, -0.1], [0.0], [0.0], [-0.5, -0.1]]
     assert out["env_mask"] == [[1, 1], [0], [0], [1, 1]]  # and stays out of the loss
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"max_staleness": 1}, "--max-staleness"),
+        ({"eval_data": EXAMPLES / "arith_eval.jsonl"}, "--eval-data"),
+    ],
+)
+def test_trl_refuses_what_it_does_not_do_before_starting(
+    tmp_path: Path, change: dict[str, Any], named: str
+) -> None:
+    require(
+        all(importlib.util.find_spec(m) for m in ("transformers", "trl")), "transformers and trl"
+    )
+    from rollfleet.errors import InvalidInput
+    from rollfleet.run.train import TrainOptions
+    from rollfleet.train.trl_train import trl_fleet
+
+    opts = TrainOptions(
+        mode="math", data=EXAMPLES / "arith.jsonl", output_dir=tmp_path / "out", **change
+    )  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match=named), trl_fleet(opts, Console(quiet=True)):
+        pass
+    assert not (tmp_path / "out").exists()  # nothing started, nothing written

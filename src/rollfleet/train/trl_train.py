@@ -6,14 +6,18 @@ processes) runs on an asyncio loop in a background thread; TRL's synchronous tra
 calls into it through :class:`~rollfleet.train.trl_rollout.FleetRollout`. One TRL step is one
 coordinator batch (``tasks_per_step`` tasks × ``group_size`` samples). TRL checkpoints nothing
 here and a run does not resume: the same command trains again from the bundled weights.
+
+A TRL script of one's own takes the same fleet from :func:`trl_fleet` (its rollout_func; its
+``tasks`` make the dataset) and the bundled model from :func:`trl_policy`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
+from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
@@ -48,6 +52,16 @@ def train_with_trl(
 
     ``reward_funcs`` replace :func:`fleet_reward` (TRL reward functions; the fleet's reward
     reaches them as ``env_reward``, the rollout ids as ``rollout_id``)."""
+    with trl_fleet(opts, console) as rollout:
+        records = _train(opts, rollout, console, reward_funcs)
+    report.plot(records, opts.output_dir / report.PLOT, f"rollfleet train --trainer trl: "
+                f"{opts.mode}, {opts.data.name}")  # fmt: skip
+    return records
+
+
+@contextmanager
+def trl_fleet(opts: TrainOptions, console: Console) -> Iterator[FleetRollout]:
+    """The embedded fleet of ``rollfleet train`` for a TRL script: its rollout_func until exit."""
     opts.check()
     if opts.max_staleness:
         raise InvalidInput("--trainer trl generates each batch with the weights it trains: "
@@ -73,7 +87,7 @@ def train_with_trl(
         url, gateway = up.result()
         rollout = FleetRollout(url, gateway, tasks, loop=thread)
         try:
-            records = _train(opts, rollout, tasks, console, reward_funcs)
+            yield rollout
         finally:
             rollout.close()
     finally:
@@ -81,9 +95,18 @@ def train_with_trl(
         wait([serving])
         thread.close()
     serving.result()
-    report.plot(records, opts.output_dir / report.PLOT, f"rollfleet train --trainer trl: "
-                f"{opts.mode}, {opts.data.name}")  # fmt: skip
-    return records
+
+
+def trl_policy() -> tuple[Any, Any]:
+    """``(model, tokenizer)``: the bundled SmolLM2 (``load_policy``) as transformers' Trainer
+    takes it: float32 weights, dequantized on load, with the GGUF quantizer detached."""
+    model, tokenizer = load_policy()
+    packed = {type(m).__name__ for m in model.modules() if type(m).__name__.startswith("Gguf")}
+    if packed:
+        raise RollfleetError(f"the policy keeps GGUF-packed layers ({', '.join(sorted(packed))})")
+    if getattr(model, "hf_quantizer", None) is not None:  # Trainer refuses a GGUF-quantized model
+        model.hf_quantizer.remove_quantization_config(model)
+    return model, tokenizer
 
 
 async def _serve(
@@ -104,7 +127,7 @@ async def _serve(
                 stopped = asyncio.create_task(stop.wait())
                 up.set_result((url, llm.gateway))
                 try:
-                    await asyncio.wait([running, stopped], return_when=FIRST_COMPLETED)
+                    await asyncio.wait([running, stopped], return_when=asyncio.FIRST_COMPLETED)
                     if running.done():
                         running.result()
                         raise RollfleetError("the runner fleet stopped during training")
@@ -120,7 +143,6 @@ async def _serve(
 def _train(
     opts: TrainOptions,
     rollout: FleetRollout,
-    tasks: dict[str, Any],
     console: Console,
     reward_funcs: Sequence[Any] | None,
 ) -> list[dict[str, Any]]:
@@ -132,8 +154,7 @@ def _train(
     from trl.trainer.grpo_trainer import GRPOTrainer
 
     torch.manual_seed(opts.seed)
-    model, tokenizer = load_policy()
-    _dequantized(model)
+    model, tokenizer = trl_policy()
     rank = opts.lora_rank
     peft = None if rank is None else LoraConfig(
         r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=list(LORA_TARGETS)
@@ -154,23 +175,13 @@ def _train(
         warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
         trainer = GRPOTrainer(
             model=model, reward_funcs=list(reward_funcs or [fleet_reward]), args=args,
-            train_dataset=prompt_dataset(tasks), processing_class=tokenizer, peft_config=peft,
-            rollout_func=rollout, callbacks=[metrics],
+            train_dataset=prompt_dataset(rollout.tasks), processing_class=tokenizer,
+            peft_config=peft, rollout_func=rollout, callbacks=[metrics],
         )  # fmt: skip
         trainer.remove_callback(PrinterCallback)  # the step lines below say it in one line each
         trainer.train()
     rollout.push(trainer)  # the engines end serving the last step's weights, as --trainer builtin
     return metrics.records
-
-
-def _dequantized(model: Any) -> None:
-    """Let transformers' Trainer take the GGUF-loaded policy: its weights are plain float32
-    (dequantized on load), but the GGUF quantizer stays attached and Trainer refuses to train it."""
-    packed = {type(m).__name__ for m in model.modules() if type(m).__name__.startswith("Gguf")}
-    if packed:
-        raise RollfleetError(f"the policy keeps GGUF-packed layers ({', '.join(sorted(packed))})")
-    if getattr(model, "hf_quantizer", None) is not None:
-        model.hf_quantizer.remove_quantization_config(model)
 
 
 class _Metrics(TrainerCallback):
