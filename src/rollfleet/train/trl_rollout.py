@@ -126,7 +126,7 @@ class BatchFigures:
     staleness_max: int
     seconds_generate: float
     seconds_sync: float
-    rewards: dict[str, float] = field(default_factory=dict)  # rollout id → env reward
+    rewards: dict[str, float | None] = field(default_factory=dict)  # rollout id → env reward
 
 
 class FleetRollout:
