@@ -282,13 +282,32 @@ def train_sched_rows(d: dict[str, Any]) -> list[str]:
     return rows
 
 
+def train_rows(d: dict[str, Any]) -> list[str]:
+    st, sides = d["settings"], d["sides"]
+    sync = sides["0"]
+
+    def cell(f: dict[str, Any]) -> str:
+        return f"{f['median']:.2f} [{f['min']:.2f}–{f['max']:.2f}]"
+
+    rows = []
+    for k in (k for k in sides if k != "0"):
+        f = sides[k]
+        split = " / ".join(f"{f['split_s'][key]:.1f}" for key in ("seconds/wait", "seconds/train", "seconds/sync"))
+        rows.append(f"| train | samples trained/s, `rollfleet train` on the real SmolLM2 (LoRA, {st['tasks']} x "
+                    f"{st['group']} samples a step, {st['max_tokens']} tokens, {st['steps']} steps, 2 cores shared by "
+                    f"engine and trainer), max_staleness K={k} vs synchronous, median [range] of {st['rounds']} "
+                    f"alternating rounds; step s wait / train / sync {split} | {cell(f['samples_per_s'])} | "
+                    f"{cell(sync['samples_per_s'])} (K=0) | {f['vs_sync']:.2f}× |")
+    return rows
+
+
 SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
     ("store_throughput", store_rows), ("end_to_end", e2e_rows), ("pool", pool_rows), ("engines", engine_rows),
     ("stragglers", straggler_rows), ("dashboard", dashboard_rows), ("cluster", cluster_rows), ("run", run_rows), ("weights", weights_rows),
     ("llamacpp_weights", llamacpp_weights_rows), ("llama_server", llama_server_rows),
     ("weights_delta", weights_delta_rows),
     ("wire_parse", wire_rows), ("refactor_ab", ab_rows), ("sandbox", sandbox_rows),
-    ("train_sched", train_sched_rows), ("train_step", train_step_rows),
+    ("train_sched", train_sched_rows), ("train_step", train_step_rows), ("train", train_rows),
 ]
 
 

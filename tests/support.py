@@ -164,3 +164,26 @@ async def streaming(engine: object, request: object, after: int) -> asyncio.Task
     task = asyncio.create_task(run())
     await asyncio.wait_for(seen.wait(), 60)
     return task
+
+
+def experience(
+    tokens: list[int], prompt: int, advantage: float, logprobs: list[float] | None = None
+) -> object:
+    """A training row: ``tokens`` after the first ``prompt`` are the policy's, advantage given."""
+    from rollfleet.coordinator.experiences import Experience
+
+    n = len(tokens)
+    return Experience(
+        rollout_id=f"r{advantage}",
+        batch_id="b",
+        group_id="g",
+        turn=0,
+        tokens=tokens,
+        prompt_length=prompt,
+        logprobs=logprobs if logprobs is not None else [0.0] * n,
+        action_mask=[0] * prompt + [1] * (n - prompt),
+        reward=advantage,
+        advantage=advantage,
+        policy_version=0,
+        staleness=0,
+    )

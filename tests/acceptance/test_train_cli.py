@@ -64,6 +64,16 @@ def train(*args: str) -> subprocess.CompletedProcess[str]:
         ),
         (
             lambda d: d.write_text('{"question": "1+1?", "answer": 2}\n'),
+            ["--mode", "math", "--trainer", "ppo"],
+            "--trainer 'ppo': choose builtin or trl",
+        ),
+        (
+            lambda d: d.write_text('{"question": "1+1?", "answer": 2}\n'),
+            ["--mode", "math", "--trainer", "trl", "--max-staleness", "1"],
+            "--max-staleness must be 0",
+        ),
+        (
+            lambda d: d.write_text('{"question": "1+1?", "answer": 2}\n'),
             ["--mode", "math", "--lora-rank", "-1"],
             "--lora-rank must be 0",
         ),

@@ -6,32 +6,12 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+from support import experience as row
 from support import require
 
-from rollfleet.coordinator.experiences import Experience
 from rollfleet.errors import InvalidInput
 
 HAVE = bool(importlib.util.find_spec("torch") and importlib.util.find_spec("transformers"))
-
-
-def row(
-    tokens: list[int], prompt: int, advantage: float, logprobs: list[float] | None = None
-) -> Experience:
-    n = len(tokens)
-    return Experience(
-        rollout_id=f"r{advantage}",
-        batch_id="b",
-        group_id="g",
-        turn=0,
-        tokens=tokens,
-        prompt_length=prompt,
-        logprobs=logprobs if logprobs is not None else [0.0] * n,
-        action_mask=[0] * prompt + [1] * (n - prompt),
-        reward=advantage,
-        advantage=advantage,
-        policy_version=0,
-        staleness=0,
-    )
 
 
 @pytest.fixture

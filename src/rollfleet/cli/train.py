@@ -29,6 +29,9 @@ def train_command(
     temperature: float = typer.Option(1.0, "--temperature", help="sampling temperature"),
     eval_every: int = typer.Option(5, "--eval-every", help="steps between evaluations"),
     seed: int = typer.Option(0, "--seed", help="the trainer's random seed"),
+    trainer: str = typer.Option(
+        "builtin", "--trainer", help="builtin (rollfleet's GRPO) or trl (TRL's GRPOTrainer)"
+    ),
     engine: str = typer.Option(
         "llamacpp", "--engine", help="what serves the policy: llamacpp or hf (transformers)"
     ),
@@ -54,8 +57,15 @@ def train_command(
         eval_data=eval_data, eval_every=eval_every, engine=engine,
         extra={"engine_threads": engine_threads} if engine_threads else {},
     )  # fmt: skip
+    if trainer not in ("builtin", "trl"):
+        raise InvalidInput(f"--trainer {trainer!r}: choose builtin or trl")
     try:
-        records = asyncio.run(train(opts, console))
+        if trainer == "trl":
+            from rollfleet.train.trl_train import train_with_trl
+
+            records = train_with_trl(opts, console)
+        else:
+            records = asyncio.run(train(opts, console))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     steps_done = sum(r["kind"] == "step" for r in records)

@@ -22,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,31 +139,53 @@ async def train(opts: TrainOptions, console: Console) -> list[dict[str, Any]]:
     start = 0 if found is None else found.step + 1
     if found is not None:
         console.print(f"resuming after step {found.step} from {found.path}", soft_wrap=True)
-    async with control_plane_url(run, opts.output_dir / "experiences") as url:
-        store, loop.coordinator = connect(url), CoordinatorClient(url)
+    async with embedded_fleet(run, opts, console) as fleet:
+        loop.coordinator, loop.gateway = CoordinatorClient(fleet.url), fleet.gateway
         try:
-            if run.store is None:  # attempts cut short by a kill: nobody holds them now
-                await store.requeue(statuses=[RolloutStatus.PREPARING, RolloutStatus.RUNNING])
-            engine = _hf_engine(run.num_rollouts) if opts.engine == "hf" else None
-            async with shared_llm(run, store, console, Startup(), engine) as llm:
-                loop.gateway = llm.gateway
-                fleet = runner_fleet(url, run, llm)
-                running = asyncio.create_task(fleet.run())
-                try:
-                    await loop.run(start, console)
-                finally:
-                    fleet.stop()
-                    fleet.stop()  # the second ends the runners' long-polls now (as run does)
-                    await running
+            await loop.run(start, console)
         finally:
             await loop.coordinator.close()
-            await store.close()
     report.plot(loop.records, opts.output_dir / report.PLOT, f"rollfleet train: {opts.mode}, "
                 f"{opts.data.name}, K={opts.max_staleness}")  # fmt: skip
     return loop.records
 
 
-def _hf_engine(slots: int) -> Any:
+@dataclass(frozen=True)
+class Fleet:
+    """A training run's fleet, up: the control plane's URL, the gateway in this process, and
+    the task running the runners (done early only if they stopped)."""
+
+    url: str
+    gateway: Any
+    runners: asyncio.Task[Any]
+
+
+@asynccontextmanager
+async def embedded_fleet(
+    run: RunOptions, opts: TrainOptions, console: Console
+) -> AsyncIterator[Fleet]:
+    """Start what a training run generates with (the control plane on OUTPUT/store.db, the
+    shared engine behind the gateway, the runner processes), yield it, stop it all."""
+    async with control_plane_url(run, opts.output_dir / "experiences") as url:
+        store = connect(url)
+        try:
+            if run.store is None:  # attempts cut short by a kill: nobody holds them now
+                await store.requeue(statuses=[RolloutStatus.PREPARING, RolloutStatus.RUNNING])
+            engine = hf_engine(run.num_rollouts) if opts.engine == "hf" else None
+            async with shared_llm(run, store, console, Startup(), engine) as llm:
+                runners = runner_fleet(url, run, llm)
+                running = asyncio.create_task(runners.run())
+                try:
+                    yield Fleet(url, llm.gateway, running)
+                finally:
+                    runners.stop()
+                    runners.stop()  # the second ends the runners' long-polls now (as run does)
+                    await running
+        finally:
+            await store.close()
+
+
+def hf_engine(slots: int) -> Any:
     """The bundled model served by transformers (``--engine hf``), as the policy starts."""
     from rollfleet.engines.hf import HFEngine
     from rollfleet.train.policy import load_policy

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -121,7 +122,9 @@ class Policy:
 
             config = LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, lora_dropout=0.0,
                                 target_modules=list(LORA_TARGETS))  # fmt: skip
-            model = get_peft_model(model, config)
+            with warnings.catch_warnings():  # peft asks transformers 5 for a renamed property
+                warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is dep")
+                model = get_peft_model(model, config)
         else:
             self._initial = copy.deepcopy(model).eval().requires_grad_(False)
         self.model = model
@@ -147,20 +150,25 @@ class Policy:
                          reference=self._initial_logprobs)  # fmt: skip
 
     def push_tensors(self) -> dict[str, Any]:
-        """The weights to push, by transformers' names: under LoRA only the matrices it changes,
-        merged (``W + scale * B @ A``: a delta push); else every weight."""
-        import torch
+        """The weights to push (:func:`push_tensors`): under LoRA a delta, else every weight."""
+        return push_tensors(self.model)[0]
 
-        if not self.lora:
-            return dict(self.model.state_dict())
-        from peft.tuners.lora import LoraLayer
 
-        out = {}
-        with torch.no_grad():
-            for name, module in self.model.named_modules():
-                if isinstance(module, LoraLayer):
-                    weight = module.get_base_layer().weight
-                    delta = module.get_delta_weight("default")  # type: ignore[attr-defined]
-                    merged = weight + delta.to(weight.dtype)
-                    out[name.removeprefix(PEFT_PREFIX) + ".weight"] = merged
-        return out
+def push_tensors(model: Any) -> tuple[dict[str, Any], bool]:
+    """``(tensors, lora)``, by transformers' names: a peft model's LoRA matrices merged into
+    their base weights (``W + scale * B @ A``: only these change, a delta push), else every
+    weight."""
+    import torch
+    from peft.tuners.lora import LoraLayer
+
+    out = {}
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, LoraLayer):
+                layer: Any = module
+                weight = layer.get_base_layer().weight
+                merged = weight.clone()
+                for adapter in layer.active_adapters:
+                    merged += layer.get_delta_weight(adapter).to(weight.dtype)
+                out[name.removeprefix(PEFT_PREFIX) + ".weight"] = merged
+    return (out, True) if out else (dict(model.state_dict()), False)

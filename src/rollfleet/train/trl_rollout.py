@@ -29,7 +29,7 @@ from rollfleet.errors import InvalidInput, RollfleetError
 from rollfleet.model import RolloutSpec
 from rollfleet.run.orchestrate import RunOptions
 from rollfleet.run.tasks import build_specs, load_tasks
-from rollfleet.train.policy import PEFT_PREFIX
+from rollfleet.train.policy import push_tensors
 
 T = TypeVar("T")
 
@@ -91,25 +91,6 @@ def prompt_dataset(tasks: Mapping[str, RolloutSpec]) -> Any:
 def fleet_reward(completions: list[Any], env_reward: list[float | None], **_: Any) -> list[Any]:
     """A TRL reward function: the reward rollfleet's environment gave each completion."""
     return list(env_reward)
-
-
-def push_tensors(model: Any) -> tuple[dict[str, Any], bool]:
-    """``(tensors, lora)``: a peft model's LoRA matrices merged into their base weights
-    (``W + delta``, by transformers' names, as ``Policy.push_tensors``), else the state_dict."""
-    import torch
-    from peft.tuners.lora import LoraLayer
-
-    out = {}
-    with torch.no_grad():
-        for name, module in model.named_modules():
-            if isinstance(module, LoraLayer):
-                layer: Any = module
-                weight = layer.get_base_layer().weight
-                merged = weight.clone()
-                for adapter in layer.active_adapters:
-                    merged += layer.get_delta_weight(adapter).to(weight.dtype)
-                out[name.removeprefix(PEFT_PREFIX) + ".weight"] = merged
-    return (out, True) if out else (dict(model.state_dict()), False)
 
 
 @dataclass

@@ -23,17 +23,12 @@ from typing import Any
 from rich.console import Console
 from transformers import TrainerCallback
 
-from rollfleet.client import connect
 from rollfleet.errors import InvalidInput, RollfleetError
 from rollfleet.run.orchestrate import (
     RunOptions,
-    Startup,
-    control_plane_url,
     preflight,
-    runner_fleet,
-    shared_llm,
 )
-from rollfleet.run.train import TrainOptions, _hf_engine
+from rollfleet.run.train import TrainOptions, embedded_fleet
 from rollfleet.train import report
 from rollfleet.train.policy import LORA_TARGETS, load_policy
 from rollfleet.train.trl_rollout import (
@@ -117,27 +112,16 @@ async def _serve(
     stop: asyncio.Event,
 ) -> None:
     """The embedded fleet of ``rollfleet train``, from start until ``stop`` is set."""
-    engine = _hf_engine(run.num_rollouts) if opts.engine == "hf" else None
-    async with control_plane_url(run, opts.output_dir / "experiences") as url:
-        store = connect(url)
+    async with embedded_fleet(run, opts, console) as fleet:
+        stopped = asyncio.create_task(stop.wait())
+        up.set_result((fleet.url, fleet.gateway))
         try:
-            async with shared_llm(run, store, console, Startup(), engine) as llm:
-                fleet = runner_fleet(url, run, llm)
-                running = asyncio.create_task(fleet.run())
-                stopped = asyncio.create_task(stop.wait())
-                up.set_result((url, llm.gateway))
-                try:
-                    await asyncio.wait([running, stopped], return_when=asyncio.FIRST_COMPLETED)
-                    if running.done():
-                        running.result()
-                        raise RollfleetError("the runner fleet stopped during training")
-                finally:
-                    stopped.cancel()
-                    fleet.stop()
-                    fleet.stop()  # the second ends the runners' long-polls now (as train does)
-                    await running
+            await asyncio.wait([fleet.runners, stopped], return_when=asyncio.FIRST_COMPLETED)
+            if fleet.runners.done():
+                fleet.runners.result()
+                raise RollfleetError("the runner fleet stopped during training")
         finally:
-            await store.close()
+            stopped.cancel()
 
 
 def _train(

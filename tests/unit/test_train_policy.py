@@ -1,0 +1,80 @@
+"""The trainer's Policy and checkpoints on a tiny random Llama (CPU): LoRA steps push only the
+merged q/v matrices, the KL to the initial policy starts at 0 and grows, and a checkpoint restores
+the trainable weights and optimizer exactly, refusing one written by other settings."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from support import experience as row
+from support import require
+
+from rollfleet.errors import InvalidInput
+
+HAVE = all(importlib.util.find_spec(m) for m in ("torch", "transformers", "peft"))
+
+
+def tiny() -> object:
+    """A tiny random Llama, the same every call."""
+    import torch
+
+    from rollfleet.engines.hf import tiny_hf_model
+
+    torch.manual_seed(0)
+    return tiny_hf_model(seed=0)[0].train()
+
+
+def rows() -> list[object]:
+    """Two answers to one prompt, one advantaged, with behaviour logprobs of 0 (off-policy)."""
+    return [row([5, 6, 7, 8, 9], 2, 1.0), row([5, 6, 11, 12, 13], 2, -1.0)]
+
+
+def test_lora_steps_push_merged_q_and_v_and_measure_the_kl_to_the_start() -> None:
+    require(HAVE, "torch, transformers and peft")
+    import torch
+
+    from rollfleet.train.policy import Policy
+
+    policy = Policy(tiny(), lr=1e-2, lora_rank=4)
+    before = policy.push_tensors()
+    assert before and all(n.endswith(("q_proj.weight", "v_proj.weight")) for n in before)
+    assert all(not n.startswith("base_model") for n in before)  # transformers' names
+    first = policy.step(rows())
+    assert first.kl_initial == pytest.approx(0.0, abs=1e-6)  # B starts at 0: still the start
+    second = policy.step(rows())
+    assert second.kl_initial is not None and second.kl_initial > 1e-6 and second.entropy > 0
+    after = policy.push_tensors()
+    assert any(not torch.equal(before[n], after[n]) for n in before)
+
+
+def test_a_checkpoint_restores_weights_and_optimizer_and_refuses_other_settings(
+    tmp_path: Path,
+) -> None:
+    require(HAVE, "torch, transformers and peft")
+    import torch
+
+    from rollfleet.train import checkpoint
+    from rollfleet.train.policy import Policy
+
+    root, settings = tmp_path / "checkpoints", {"lr": 0.01, "data": "a.jsonl"}
+    assert checkpoint.load(root, None, None, settings) is None  # nothing saved yet
+    trained = Policy(tiny(), lr=1e-2, lora_rank=4)
+    trained.step(rows())
+    checkpoint.save(root, 0, trained.model, trained.optimizer, [{"step": 0}], settings)
+    trained.step(rows())
+    checkpoint.save(root, 1, trained.model, trained.optimizer, [{"step": 0}, {"step": 1}], settings)
+    assert (root / "latest").read_text() == "step-1" and not (root / "step-0").exists()
+
+    fresh = Policy(tiny(), lr=1e-2, lora_rank=4)
+    found = checkpoint.load(root, fresh.model, fresh.optimizer, settings)
+    assert found is not None and found.step == 1 and found.records == [{"step": 0}, {"step": 1}]
+    mine = dict(fresh.model.named_parameters())
+    for name, value in trained.model.named_parameters():
+        assert torch.equal(mine[name], value), name
+    # the optimizer goes on exactly where it stopped: the next steps agree
+    assert fresh.step(rows()).loss == pytest.approx(trained.step(rows()).loss, abs=1e-6)
+
+    with pytest.raises(InvalidInput, match=r"other settings: lr 0\.01 \(now 0\.02\)"):
+        checkpoint.load(root, fresh.model, fresh.optimizer, {**settings, "lr": 0.02})
