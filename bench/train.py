@@ -1,7 +1,7 @@
 """``rollfleet train`` on the real model: step time and its split, synchronous vs asynchronous.
 
 Equal work for every side: the same steps over the same bundled arithmetic tasks (math mode,
-TASKS tasks x GROUP samples a step, MAX_TOKENS tokens, LoRA r=16 on q/v, lr 2e-4, seed 0),
+TASKS tasks x GROUP samples a step, MAX_TOKENS tokens, LoRA r=16 on q/v, lr 5e-4, seed 0),
 through the real fleet (embedded control plane, the shared llama.cpp engine, a runner process),
 no evaluation. Sides: max_staleness K = 0 (synchronous: the fleet waits for the trainer), 1 and 2
 (the fleet generates up to K batches ahead while the trainer trains). Rounds alternate the order

@@ -56,7 +56,7 @@ def test_a_run_killed_mid_training_resumes_with_no_sample_lost_or_used_twice(
     moved = subprocess.run(command(out, evals, "--lr", "0.001"), capture_output=True,
                            text=True, timeout=300, check=False)  # fmt: skip
     assert moved.returncode == 2 and "a checkpoint of a run with other settings" in moved.stderr
-    assert "lr 0.0002 (now 0.001)" in moved.stderr
+    assert "lr 0.0005 (now 0.001)" in moved.stderr
 
     again = subprocess.run(command(out, evals), capture_output=True, text=True, timeout=600,
                            check=False)  # fmt: skip

@@ -26,7 +26,7 @@ def test_trl_steps_generate_on_the_fleet_with_its_weights_and_rewards(tmp_path: 
     require(all(importlib.util.find_spec(m) for m in NEEDS), " and ".join(NEEDS))
     import rollfleet
     from rollfleet.run.train import TrainOptions
-    from rollfleet.train.trl_train import train_with_trl
+    from rollfleet.run.trl import train_with_trl
 
     seen: dict[str, float | None] = {}
     answers: dict[str, list[int]] = {}
@@ -70,7 +70,7 @@ def test_trl_steps_generate_on_the_fleet_with_its_weights_and_rewards(tmp_path: 
 
 def test_a_rollout_without_tokens_reaches_trl_as_an_unscored_placeholder() -> None:
     from rollfleet.coordinator.experiences import Experience
-    from rollfleet.train.trl_rollout import trl_output
+    from rollfleet.run.trl_rollout import trl_output
 
     def row(rid: str, reward: float) -> Experience:
         return Experience(rollout_id=rid, batch_id="b", group_id=rid[:3], turn=0,
@@ -102,7 +102,7 @@ def test_trl_refuses_what_it_does_not_do_before_starting(
     )
     from rollfleet.errors import InvalidInput
     from rollfleet.run.train import TrainOptions
-    from rollfleet.train.trl_train import trl_fleet
+    from rollfleet.run.trl import trl_fleet
 
     opts = TrainOptions(
         mode="math", data=EXAMPLES / "arith.jsonl", output_dir=tmp_path / "out", **change

@@ -23,7 +23,7 @@ def train_command(
     max_staleness: int = typer.Option(
         0, "--max-staleness", help="0: synchronous; K: the fleet generates up to K steps ahead"
     ),
-    lr: float = typer.Option(2e-4, "--lr", help="Adam's learning rate"),
+    lr: float = typer.Option(5e-4, "--lr", help="Adam's learning rate"),
     lora_rank: int = typer.Option(16, "--lora-rank", help="LoRA rank on q/v; 0: full fine-tuning"),
     max_tokens: int = typer.Option(64, "--max-tokens", help="tokens per answer"),
     temperature: float = typer.Option(1.0, "--temperature", help="sampling temperature"),
@@ -61,7 +61,7 @@ def train_command(
         raise InvalidInput(f"--trainer {trainer!r}: choose builtin or trl")
     try:
         if trainer == "trl":
-            from rollfleet.train.trl_train import train_with_trl
+            from rollfleet.run.trl import train_with_trl
 
             records = train_with_trl(opts, console)
         else:

@@ -63,7 +63,7 @@ class TrainOptions:
     tasks_per_step: int = 4
     group_size: int = 8
     max_staleness: int = 0
-    lr: float = 2e-4
+    lr: float = 5e-4
     lora_rank: int | None = 16  # None: full fine-tuning
     max_tokens: int = 64
     temperature: float = 1.0

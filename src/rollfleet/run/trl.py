@@ -3,7 +3,7 @@ embedded fleet of ``rollfleet train`` generates (docs/trl.md).
 
 The fleet (control plane on OUTPUT/store.db, the shared engine behind the gateway, the runner
 processes) runs on an asyncio loop in a background thread; TRL's synchronous trainer runs here and
-calls into it through :class:`~rollfleet.train.trl_rollout.FleetRollout`. One TRL step is one
+calls into it through :class:`~rollfleet.run.trl_rollout.FleetRollout`. One TRL step is one
 coordinator batch (``tasks_per_step`` tasks × ``group_size`` samples). TRL checkpoints nothing
 here and a run does not resume: the same command trains again from the bundled weights.
 
@@ -29,15 +29,15 @@ from rollfleet.run.orchestrate import (
     preflight,
 )
 from rollfleet.run.train import TrainOptions, embedded_fleet
-from rollfleet.train import report
-from rollfleet.train.policy import LORA_TARGETS, load_policy
-from rollfleet.train.trl_rollout import (
+from rollfleet.run.trl_rollout import (
     FleetRollout,
     LoopThread,
     fleet_reward,
     fleet_tasks,
     prompt_dataset,
 )
+from rollfleet.train import report
+from rollfleet.train.policy import LORA_TARGETS, load_policy
 
 
 def train_with_trl(
