@@ -9,6 +9,10 @@ no evaluation. Sides: max_staleness K = 0 (synchronous: the fleet waits for the 
 includes generating the first batches from cold), its split (waiting for the batch, training,
 checkpoint, weights push and report), and samples trained per second over the whole run.
 
+RL is not deterministic: a batch in which every group's samples scored alike has nothing to train
+on and its step is short, so the sides' work differs by such steps; ``untrained_steps`` counts
+them per side.
+
 On this 2-core machine generation (llama.cpp) and training (torch) share the same two cores, so
 an overlap hides at most what the other side leaves idle; the scheduler alone, with simulated
 costs and nothing competing for cores, is bench/train_sched.py.
@@ -80,6 +84,8 @@ def main() -> dict[str, Any]:
             "split_s": {key: statistics.median(s[key] for s in later) for key in SPLIT},
             "samples_per_s": spread([n / t for n, t in zip(trained, loop_s, strict=True)]),
             "staleness_max": max(s["staleness/max"] for run in runs[k] for s in run["steps"]),
+            # a batch whose groups all scored alike trains nothing: a short step, less work
+            "untrained_steps": sum(not s["trained"] for run in runs[k] for s in run["steps"]),
             "runs": [[round(s["seconds/step"], 2) for s in run["steps"]] for run in runs[k]],
         }
     sync = sides["0"]["samples_per_s"]["median"]

@@ -1,0 +1,47 @@
+"""``rollfleet train`` checks the mode's reward before it starts anything: a reward that raises is
+one InvalidInput naming the mode and the error, and the output directory is never created."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+from support import require
+
+from rollfleet.envs.math import MathMode, MathSession
+from rollfleet.errors import InvalidInput
+
+
+class BrokenSession(MathSession):
+    """A math session whose reward function has a bug."""
+
+    async def score(self, answer: str) -> Any:
+        """Fails on every answer, as a buggy user reward would."""
+        raise KeyError("expected")
+
+
+class BrokenMode(MathMode):
+    """Math, with the broken reward."""
+
+    async def open(self, task: dict[str, Any], env: Any) -> MathSession:
+        """A session that cannot score."""
+        return BrokenSession(task)
+
+
+async def test_a_reward_that_raises_is_refused_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    require(bool(importlib.util.find_spec("torch")), "torch")
+    import rollfleet.run.train as run_train
+    from rollfleet.run.train import TrainOptions, train
+
+    monkeypatch.setattr(run_train, "get_mode", lambda name: BrokenMode())
+    data = tmp_path / "tasks.jsonl"
+    data.write_text('{"question": "What is 1 + 1?", "answer": 2}\n')
+    out = tmp_path / "out"
+    with pytest.raises(InvalidInput, match=r"mode math: its reward raised KeyError: 'expected'"):
+        await train(TrainOptions(mode="math", data=data, output_dir=out), Console(quiet=True))
+    assert not out.exists()
