@@ -55,7 +55,9 @@ HOSTILE = """
 """
 
 
-async def test_the_reader_survives_any_line_and_a_child_ignoring_sigterm_is_killed(tmp_path: Path) -> None:
+async def test_the_reader_survives_any_line_and_a_child_ignoring_sigterm_is_killed(
+    tmp_path: Path,
+) -> None:
     events: list[dict[str, Any]] = []
     started = asyncio.Event()
 
@@ -85,8 +87,12 @@ async def test_the_reader_survives_any_line_and_a_child_ignoring_sigterm_is_kill
 
 async def test_a_third_stop_kills_at_once(tmp_path: Path) -> None:
     started = asyncio.Event()
-    fleet = ScriptFleet(write_script(tmp_path, HOSTILE), n=1, grace_s=60,
-                        on_event=lambda e: started.set() if e["event"] == "worker_started" else None)
+    fleet = ScriptFleet(
+        write_script(tmp_path, HOSTILE),
+        n=1,
+        grace_s=60,
+        on_event=lambda e: started.set() if e["event"] == "worker_started" else None,
+    )
     running = asyncio.create_task(fleet.run())
     await asyncio.wait_for(started.wait(), 30)
     t0 = time.monotonic()
@@ -143,7 +149,9 @@ def test_events_are_capped_and_keep_their_ids() -> None:
     line = encode_event(big)
     assert len(line) <= MAX_EVENT_BYTES
     decoded = json.loads(line)
-    assert decoded["trimmed"] is True and decoded["rollout_id"] == "r" and len(decoded["input"]) < 1000
+    assert (
+        decoded["trimmed"] is True and decoded["rollout_id"] == "r" and len(decoded["input"]) < 1000
+    )
     many = {"event": "e", "worker_id": "w", **{f"k{i}": "v" * 400 for i in range(100)}}
     assert json.loads(encode_event(many)) == {"event": "e", "worker_id": "w", "trimmed": True}
     small = {"event": "e", "n": 1}
@@ -179,3 +187,43 @@ async def test_a_cancelled_run_stops_its_children_with_sigterm_not_sigkill(tmp_p
         await asyncio.wait_for(running, 15)
     assert events == ["worker_started", "worker_stopped"]  # it drained (SIGTERM), it was not killed
     assert fleet.pids() == {}
+
+
+KILLED_AFTER_WORK = """
+    import json, os, signal, sys
+    from pathlib import Path
+    wid, runs = sys.argv[1], Path(sys.argv[0]).with_name("runs")
+    n = int(runs.read_text()) if runs.exists() else 0
+    runs.write_text(str(n + 1))
+    if n == 0:  # the first run finishes a rollout, then is killed from outside (SIGKILL)
+        print(json.dumps({"event": "rollout_finished", "worker_id": wid}), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    sys.exit(3)  # every later run dies on start, before doing any work
+"""
+
+
+async def test_a_runner_killed_after_work_restarts_at_once_and_only_a_crash_loop_backs_off(
+    tmp_path: Path,
+) -> None:
+    crashes: list[dict[str, Any]] = []
+    third = asyncio.Event()
+
+    def on_event(event: dict[str, Any]) -> None:
+        if event["event"] == "worker_crashed":
+            crashes.append(event)
+            if len(crashes) == 3:
+                third.set()
+
+    fleet = ScriptFleet(write_script(tmp_path, KILLED_AFTER_WORK), n=1, grace_s=1,
+                        on_event=on_event)  # fmt: skip
+    running = asyncio.create_task(fleet.run())
+    try:
+        await asyncio.wait_for(third.wait(), 30)
+    finally:
+        fleet.stop()
+        await asyncio.wait_for(running, 15)
+    killed, first_loop, second_loop = crashes[:3]
+    assert killed["exit_code"] == -9 and killed["restart_in_s"] == 0.0
+    assert "made progress (1 rollouts finished)" in killed["reason"]
+    assert first_loop["exit_code"] == 3 and first_loop["restart_in_s"] == 0.5
+    assert second_loop["restart_in_s"] == 1.0 and "2 in a row" in second_loop["reason"]

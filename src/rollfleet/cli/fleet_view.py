@@ -46,7 +46,7 @@ class FleetView:
         elif kind == "worker_crashed":
             self.console.print(
                 f"[red]✗ {worker} exited with code {event.get('exit_code')}; "
-                f"restarting in {event.get('restart_in_s', 0):.1f}s[/]"
+                f"restarting in {event.get('restart_in_s', 0):.1f}s[/] ({event.get('reason', '')})"
             )
         elif kind == "agent_error":
             self.console.print(f"[red]✗ agent cannot start: {event.get('error')}[/]")

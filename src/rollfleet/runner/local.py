@@ -32,6 +32,7 @@ from typing import Any
 log = logging.getLogger("rollfleet.runner")
 EventFn = Callable[[dict[str, Any]], None]
 MAX_BACKOFF_S = 30.0
+HEALTHY_S = 60.0  # a child that ran this long before it died was not crash-looping
 MAX_LINE_BYTES = 1 << 20  # an event line longer than this is skipped (children cap theirs at 8 KiB)
 RELEASE_S = 5.0  # after the grace period, a child gets this long to release what still runs
 DRAIN_S = 2.0  # after a child exits, its remaining events are read for this long at most
@@ -41,10 +42,27 @@ DRAIN_S = 2.0  # after a child exits, its remaining events are read for this lon
 class _Child:
     worker_id: str
     proc: asyncio.subprocess.Process | None = None
-    restarts: int = 0
+    restarts: int = 0  # exits in a row without progress
     started_at: float = 0.0
+    finished: int = 0  # rollouts it finished since it last started
     events: asyncio.ReadTransport | None = None
     reader: EventLines | None = None
+
+
+def restart_delay(child: _Child, ran_s: float) -> tuple[float, str]:
+    """How long to wait before restarting a child that exited, and why (``child.restarts`` is
+    updated). A child killed from outside after doing work (SIGKILL, preemption, the OOM killer)
+    restarts at once; only one that dies without progress is backed off (0.5 s, 1 s, ... 30 s)."""
+    if child.finished:
+        child.restarts = 0
+        return 0.0, f"made progress ({child.finished} rollouts finished): restarting at once"
+    if ran_s > HEALTHY_S:
+        child.restarts = 0
+        return 0.0, f"ran {ran_s:.0f} s: restarting at once"
+    child.restarts += 1
+    delay = min(MAX_BACKOFF_S, 0.5 * 2 ** (child.restarts - 1))
+    in_a_row = f"{child.restarts} in a row"
+    return delay, f"died after {ran_s:.1f} s without progress ({in_a_row}): backing off"
 
 
 class EventLines(asyncio.Protocol):
@@ -176,7 +194,7 @@ class LocalFleet:
             raise
         finally:
             os.close(write_fd)
-        child.started_at = time.monotonic()
+        child.started_at, child.finished = time.monotonic(), 0
         reader = EventLines(
             lambda line: self._line(child, line),
             lambda size: log.warning(
@@ -199,6 +217,8 @@ class LocalFleet:
         if not isinstance(event, dict) or not isinstance(event.get("event"), str):
             log.warning("%s: skipped a line that is not an event: %r", child.worker_id, raw[:120])
             return
+        if event["event"] == "rollout_finished":
+            child.finished += 1
         if event["event"] == "agent_error":
             self.agent_error = str(event.get("error"))
             self.stop()
@@ -223,7 +243,7 @@ class LocalFleet:
                 await self._spawn(child)
             except OSError as exc:  # cannot start a process now: retried like a crash
                 log.warning("%s: could not start: %s", child.worker_id, exc)
-                child.started_at = time.monotonic()
+                child.started_at, child.finished = time.monotonic(), 0
             else:
                 try:
                     code = await self._until_exit(child)
@@ -231,15 +251,14 @@ class LocalFleet:
                     await self._close_events(child)
             if self._stopping.is_set():
                 break
-            healthy = time.monotonic() - child.started_at > 60
-            child.restarts = 0 if healthy else child.restarts + 1
-            delay = min(MAX_BACKOFF_S, 0.5 * 2 ** max(0, child.restarts - 1))
+            delay, reason = restart_delay(child, time.monotonic() - child.started_at)
             self.on_event(
                 {
                     "event": "worker_crashed",
                     "worker_id": child.worker_id,
                     "exit_code": code,
                     "restart_in_s": delay,
+                    "reason": reason,
                 }
             )
             with contextlib.suppress(TimeoutError):
