@@ -140,6 +140,8 @@ async def train(opts: TrainOptions, console: Console) -> list[dict[str, Any]]:
     if found is not None:
         console.print(f"resuming after step {found.step} from {found.path}", soft_wrap=True)
     async with embedded_fleet(run, opts, console) as fleet:
+        console.print(f"control plane and dashboard (Batches: the steps): {fleet.url}",
+                      soft_wrap=True)  # fmt: skip
         loop.coordinator, loop.gateway = CoordinatorClient(fleet.url), fleet.gateway
         try:
             await loop.run(start, console)
