@@ -177,6 +177,14 @@ def test_osworld_without_hypervisor_fails_fast(tmp_path: Path) -> None:
     assert not (tmp_path / "out" / "store.db").exists()
 
 
+def test_an_unknown_provider_name_is_one_line_listing_the_valid_ones(tmp_path: Path) -> None:
+    done = run("osworld", EXAMPLES / "osworld_standin.jsonl", tmp_path / "out", "--provider-name", "vmwar",
+               timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "--provider-name 'vmwar': must be 'vmware', 'virtualbox', 'docker' or 'aws'" in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_killed_run_resumes_and_runs_only_the_rest(tmp_path: Path) -> None:
     require(has_model(), "llama-cpp-python and the bundled SmolLM2 model")
     out, data = tmp_path / "out", EXAMPLES / "math.jsonl"

@@ -99,11 +99,28 @@ def build_env_source(spec: EnvSpec, concurrency: int = 1) -> EnvSource | None:
     raise InvalidInput(f"unknown mode {spec.mode!r}; the modes are {', '.join(MODES)}")
 
 
+def desktop_options(desktop: dict[str, Any]) -> Any:
+    """The OSWorld options (``DesktopOptions``) from ``--provider-name`` and the others;
+    InvalidInput naming the flag and what it takes, never a validation traceback."""
+    from pydantic import ValidationError
+
+    from rollfleet.pool import DesktopOptions
+
+    try:
+        return DesktopOptions(**desktop)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = str(first["loc"][0]) if first["loc"] else "desktop"
+        said = first["msg"].replace("Input should be", "must be")
+        flag = f"--{name.replace('_', '-')}"
+        raise InvalidInput(f"{flag} {desktop.get(name, '')!r}: {said}") from None
+
+
 def desktop_provider(spec: EnvSpec) -> Any:
     """The desktop provider for ``spec`` (the stand-in, for tests, when ``spec.standin``)."""
-    from rollfleet.pool import DesktopEnvStandIn, DesktopOptions, DesktopProvider
+    from rollfleet.pool import DesktopEnvStandIn, DesktopProvider
 
-    options = DesktopOptions(**spec.desktop)
+    options = desktop_options(spec.desktop)
     if spec.standin:
         return DesktopProvider(
             options, env_class=DesktopEnvStandIn, which=lambda tool: f"/standin/{tool}"
@@ -120,6 +137,7 @@ __all__ = [
     "StaticEnv",
     "Tool",
     "build_env_source",
+    "desktop_options",
     "desktop_provider",
     "get_mode",
 ]

@@ -30,7 +30,7 @@ from rich.console import Console
 
 from rollfleet.client import connect
 from rollfleet.compose import control_plane_parts
-from rollfleet.envs import EnvSpec, desktop_provider, get_mode
+from rollfleet.envs import EnvSpec, desktop_options, desktop_provider, get_mode
 from rollfleet.errors import AgentError, InvalidInput, RollfleetError
 from rollfleet.model import ACTIVE_ROLLOUT, TERMINAL_ROLLOUT, Rollout, RolloutStatus
 from rollfleet.run.outputs import summarize, trajectory, write_outputs
@@ -87,6 +87,8 @@ class RunOptions:
                 )
         if self.engine_threads is not None and not 1 <= self.engine_threads <= 1024:
             raise InvalidInput(f"--engine-threads must be 1 to 1024, got {self.engine_threads}")
+        if self.mode == "osworld":
+            desktop_options(self.desktop)  # InvalidInput naming a bad --provider-name & co.
         if self.max_retries < 0:
             raise InvalidInput(f"--max-retries must be 0 or more, got {self.max_retries}")
         if self.engine is None and self.model is not None and not Path(self.model).is_file():
