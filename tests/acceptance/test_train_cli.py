@@ -20,60 +20,68 @@ def train(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+ONE_TASK = '{"question": "1+1?", "answer": 2}\n'
+
+
+def one_task(data: Path) -> None:
+    """A valid data file of one task."""
+    data.write_text(ONE_TASK)
+
+
 @pytest.mark.parametrize(
     ("make", "args", "message"),
     [
         (
-            lambda d: d.write_text('{"question": "1+1?", "answer": 2}\n'),
+            one_task,
             ["--mode", "nope"],
             "--mode 'nope': choose one of",
         ),
         (lambda d: d.write_text(""), ["--mode", "math"], "no tasks in the file"),
         (
-            lambda d: d.write_text('{"question": "1+1?", "answer": 2}\n{"answer": 3}\n'),
+            lambda d: d.write_text(ONE_TASK + '{"answer": 3}\n'),
             ["--mode", "math"],
             ":2",
         ),
         (
-            lambda d: d.write_text('{"question": "1+1?", "answer": 2}\n'),
+            one_task,
             ["--mode", "math", "--group-size", "0"],
             "--group-size must be at least 1",
         ),
         (
-            lambda d: d.write_text('{"question": "1+1?", "answer": 2}\n'),
+            one_task,
             ["--mode", "math", "--max-staleness", "-1"],
             "--max-staleness must be 0 to 1000",
         ),
         (
-            lambda d: d.write_text('{"question": "1+1?", "answer": 2}\n'),
+            one_task,
             ["--mode", "math", "--engine", "http://127.0.0.1:9/v1"],
             "a remote OpenAI-compatible server cannot take weights",
         ),
         (
-            lambda d: d.write_text('{"question": "1+1?", "answer": 2}\n'),
+            one_task,
             ["--mode", "math", "--engine", "vllm"],
             "--engine 'vllm': choose one of llamacpp, hf",
         ),
         (
             lambda d: (
-                d.write_text('{"question": "1+1?", "answer": 2}\n'),
+                one_task(d),
                 d.with_name("eval.jsonl").write_text('{"question": "2+2?"}\n'),
             ),
             ["--mode", "math", "--eval-data", "EVAL"],
             "eval.jsonl:1",
         ),
         (
-            lambda d: d.write_text('{"question": "1+1?", "answer": 2}\n'),
+            one_task,
             ["--mode", "math", "--trainer", "ppo"],
             "--trainer 'ppo': choose builtin or trl",
         ),
         (
-            lambda d: d.write_text('{"question": "1+1?", "answer": 2}\n'),
+            one_task,
             ["--mode", "math", "--trainer", "trl", "--max-staleness", "1"],
             "--max-staleness must be 0",
         ),
         (
-            lambda d: d.write_text('{"question": "1+1?", "answer": 2}\n'),
+            one_task,
             ["--mode", "math", "--lora-rank", "-1"],
             "--lora-rank must be 0",
         ),

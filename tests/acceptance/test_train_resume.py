@@ -29,7 +29,8 @@ def command(out: Path, evals: Path, *more: str) -> list[str]:
     return [sys.executable, "-m", "rollfleet.cli", "train", "--mode", "math",
             "--data", str(EXAMPLES / "arith.jsonl"), "--eval-data", str(evals),
             "--steps", "4", "--tasks-per-step", "2", "--group-size", "2", "--max-tokens", "16",
-            "--max-staleness", "1", "--eval-every", "2", "--output-dir", str(out), *more]  # fmt: skip
+            "--max-staleness", "1", "--eval-every", "2",
+            "--output-dir", str(out), *more]  # fmt: skip
 
 
 def test_a_run_killed_mid_training_resumes_with_no_sample_lost_or_used_twice(
@@ -45,7 +46,8 @@ def test_a_run_killed_mid_training_resumes_with_no_sample_lost_or_used_twice(
     try:
         deadline = time.monotonic() + 600
         while not (latest.is_file() and latest.read_text() == "step-1"):
-            assert first.poll() is None, first.stderr.read().decode()[-3000:]  # type: ignore[union-attr]
+            if first.poll() is not None:
+                raise AssertionError(first.stderr.read().decode()[-3000:])  # type: ignore[union-attr]
             assert time.monotonic() < deadline, "no checkpoint of step 1 within 600 s"
             time.sleep(0.05)  # polling a file the run writes, not waiting for time to pass
     finally:

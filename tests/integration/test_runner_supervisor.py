@@ -113,22 +113,28 @@ GRANDPARENT = """
 """
 
 
-async def test_a_child_exit_is_seen_while_a_grandchild_holds_its_pipe(tmp_path: Path) -> None:
-    crashed = asyncio.Event()
+async def run_until_crashes(script: Path, count: int) -> list[dict[str, Any]]:
+    """Supervise one child running ``script`` until it has exited ``count`` times; every event."""
     events: list[dict[str, Any]] = []
+    enough = asyncio.Event()
 
     def on_event(event: dict[str, Any]) -> None:
         events.append(event)
-        if event["event"] == "worker_crashed":
-            crashed.set()
+        if sum(e["event"] == "worker_crashed" for e in events) >= count:
+            enough.set()
 
-    fleet = ScriptFleet(write_script(tmp_path, GRANDPARENT), n=1, grace_s=1, on_event=on_event)
+    fleet = ScriptFleet(script, n=1, grace_s=1, on_event=on_event)
     running = asyncio.create_task(fleet.run())
     try:
-        await asyncio.wait_for(crashed.wait(), 30)
+        await asyncio.wait_for(enough.wait(), 30)
     finally:
         fleet.stop()
         await asyncio.wait_for(running, 15)
+    return events
+
+
+async def test_a_child_exit_is_seen_while_a_grandchild_holds_its_pipe(tmp_path: Path) -> None:
+    events = await run_until_crashes(write_script(tmp_path, GRANDPARENT), 1)
     crash = next(e for e in events if e["event"] == "worker_crashed")
     assert crash["exit_code"] == 7 and events[0]["event"] == "worker_started"
 
@@ -205,23 +211,8 @@ KILLED_AFTER_WORK = """
 async def test_a_runner_killed_after_work_restarts_at_once_and_only_a_crash_loop_backs_off(
     tmp_path: Path,
 ) -> None:
-    crashes: list[dict[str, Any]] = []
-    third = asyncio.Event()
-
-    def on_event(event: dict[str, Any]) -> None:
-        if event["event"] == "worker_crashed":
-            crashes.append(event)
-            if len(crashes) == 3:
-                third.set()
-
-    fleet = ScriptFleet(write_script(tmp_path, KILLED_AFTER_WORK), n=1, grace_s=1,
-                        on_event=on_event)  # fmt: skip
-    running = asyncio.create_task(fleet.run())
-    try:
-        await asyncio.wait_for(third.wait(), 30)
-    finally:
-        fleet.stop()
-        await asyncio.wait_for(running, 15)
+    events = await run_until_crashes(write_script(tmp_path, KILLED_AFTER_WORK), 3)
+    crashes = [e for e in events if e["event"] == "worker_crashed"]
     killed, first_loop, second_loop = crashes[:3]
     assert killed["exit_code"] == -9 and killed["restart_in_s"] == 0.0
     assert "made progress (1 rollouts finished)" in killed["reason"]

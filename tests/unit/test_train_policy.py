@@ -35,17 +35,18 @@ def test_lora_steps_push_merged_q_and_v_and_measure_the_kl_to_the_start() -> Non
     require(HAVE, "torch, transformers and peft")
     import torch
 
-    from rollfleet.train.policy import Policy
+    from rollfleet.train.policy import Policy, push_tensors
 
     policy = Policy(tiny(), lr=1e-2, lora_rank=4)
-    before = policy.push_tensors()
+    before, delta = push_tensors(policy.model)
+    assert delta  # only what LoRA changes travels
     assert before and all(n.endswith(("q_proj.weight", "v_proj.weight")) for n in before)
     assert all(not n.startswith("base_model") for n in before)  # transformers' names
     first = policy.step(rows())
     assert first.kl_initial == pytest.approx(0.0, abs=1e-6)  # B starts at 0: still the start
     second = policy.step(rows())
     assert second.kl_initial is not None and second.kl_initial > 1e-6 and second.entropy > 0
-    after = policy.push_tensors()
+    after, _ = push_tensors(policy.model)
     assert any(not torch.equal(before[n], after[n]) for n in before)
 
 

@@ -273,14 +273,11 @@ class _Loop:
 
     async def _push(self, version: int) -> float:
         """Send the policy to the engines as ``version``, report it; the seconds it took."""
-        from rollfleet.engines.weights import push_weights
+        from rollfleet.train.policy import publish
 
         began = time.perf_counter()
-        tensors = self.policy.push_tensors()
-        base = None if not self.policy.lora else self.gateway.weights_version
-        await push_weights(self.gateway, tensors.items(), version=version,
-                           delta=base is not None, base=base)  # fmt: skip
-        await self.coordinator.set_policy_version(version)
+        await publish(self.policy.model, self.gateway, self.coordinator, version,
+                      base=self.gateway.weights_version)  # fmt: skip
         return time.perf_counter() - began
 
     async def _step(self, step: int) -> dict[str, Any]:

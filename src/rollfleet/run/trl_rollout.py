@@ -29,7 +29,7 @@ from rollfleet.errors import InvalidInput, RollfleetError
 from rollfleet.model import RolloutSpec
 from rollfleet.run.orchestrate import RunOptions
 from rollfleet.run.tasks import build_specs, load_tasks
-from rollfleet.train.policy import push_tensors
+from rollfleet.train.policy import publish
 
 T = TypeVar("T")
 
@@ -142,17 +142,13 @@ class FleetRollout:
 
     def push(self, trainer: Any) -> float:
         """Push the trainer's weights as version ``global_step`` unless served already; seconds."""
-        from rollfleet.engines.weights import push_weights
-
         version = int(trainer.state.global_step)
         if version <= self.version:
             return 0.0
         began = time.perf_counter()
-        tensors, lora = push_tensors(trainer.accelerator.unwrap_model(trainer.model))
-        base = self.version if lora else None
-        self.loop.call(push_weights(self.gateway, tensors.items(), version=version,
-                                    token=self.token, delta=lora, base=base))  # fmt: skip
-        self.loop.call(self._coordinator().set_policy_version(version))
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        self.loop.call(publish(model, self.gateway, self._coordinator(), version,
+                               base=self.version, token=self.token))  # fmt: skip
         self.version = version
         return time.perf_counter() - began
 

@@ -149,10 +149,6 @@ class Policy:
         return grpo_step(self.model, self.optimizer, experiences,
                          reference=self._initial_logprobs)  # fmt: skip
 
-    def push_tensors(self) -> dict[str, Any]:
-        """The weights to push (:func:`push_tensors`): under LoRA a delta, else every weight."""
-        return push_tensors(self.model)[0]
-
 
 def push_tensors(model: Any) -> tuple[dict[str, Any], bool]:
     """``(tensors, lora)``, by transformers' names: a peft model's LoRA matrices merged into
@@ -172,3 +168,22 @@ def push_tensors(model: Any) -> tuple[dict[str, Any], bool]:
                     merged += layer.get_delta_weight(adapter).to(weight.dtype)
                 out[name.removeprefix(PEFT_PREFIX) + ".weight"] = merged
     return (out, True) if out else (dict(model.state_dict()), False)
+
+
+async def publish(
+    model: Any,
+    gateway: Any,
+    coordinator: Any,
+    version: int,
+    *,
+    base: int,
+    token: str | None = None,
+) -> None:
+    """Push ``model``'s weights to the engines behind ``gateway`` as ``version`` (under LoRA a
+    delta against ``base``, the version they serve) and tell ``coordinator`` they serve it."""
+    from rollfleet.engines.weights import push_weights
+
+    tensors, lora = push_tensors(model)
+    await push_weights(gateway, tensors.items(), version=version, token=token, delta=lora,
+                       base=base if lora else None)  # fmt: skip
+    await coordinator.set_policy_version(version)
