@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from rollfleet.client.endpoints import is_http
 from rollfleet.client.http import HttpStore
+from rollfleet.errors import InvalidInput
 from rollfleet.store import Store, open_sql_store
 
 DEFAULT_STORE_ENV = "ROLLFLEET_STORE"
@@ -21,12 +23,14 @@ def default_store_url() -> str:
     return os.environ.get(DEFAULT_STORE_ENV) or f"sqlite:///{home}/rollfleet.db"
 
 
-def connect(url: str | None = None, *, token: str | None = None) -> Store:
-    """Open a Store: ``http(s)://`` → the server, ``sqlite:///`` or ``postgresql://`` →
-    in-process."""
+def connect(url: str | Sequence[str] | None = None, *, token: str | None = None) -> Store:
+    """Open a Store: ``http(s)://`` → the server (several, comma-separated or a list: replicas
+    failed over between), ``sqlite:///`` or ``postgresql://`` → in-process."""
     url = url or default_store_url()
-    if url.startswith(("http://", "https://")):
+    if is_http(url):
         return HttpStore(url, token=token or os.environ.get("ROLLFLEET_TOKEN"))
+    if not isinstance(url, str):
+        raise InvalidInput(f"only control-plane URLs can be given as a list, not {url!r}")
     return open_sql_store(url)
 
 
@@ -74,7 +78,7 @@ class SyncStore:
         self.close()
 
 
-def connect_sync(url: str | None = None, *, token: str | None = None) -> SyncStore:
+def connect_sync(url: str | Sequence[str] | None = None, *, token: str | None = None) -> SyncStore:
     """Open a blocking Store for scripts and notebooks."""
     return SyncStore(lambda: connect(url, token=token))
 

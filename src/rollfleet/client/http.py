@@ -3,7 +3,9 @@
 Retries only what is safe: reads, heartbeats, enqueues (ids are chosen here, so a retried
 enqueue finds the rollout it already created) and completions (repeating the same completion
 is answered with the same rollout). Claims are never retried blindly: a lost answer leaves a
-lease that simply expires.
+lease that simply expires. Given several control-plane URLs (replicas over one PostgreSQL
+database), a failed request moves to the next replica, and the retries above go there; a claim
+whose replica died is not sent again, but the runner's next claim goes to a live replica.
 
 The transport is :mod:`rollfleet.client.wire`, a lean HTTP/1.1 client: this is every runner's
 hot path, and the CPU a general-purpose client spends per request is CPU the runners' agents
@@ -19,7 +21,7 @@ from typing import Any, TypeVar, cast
 import orjson
 from pydantic import BaseModel
 
-from rollfleet.client.wire import Client
+from rollfleet.client.endpoints import Endpoints, split_urls
 from rollfleet.errors import StoreUnavailable
 from rollfleet.model import (
     Attempt,
@@ -59,6 +61,12 @@ def _body(value: Any) -> bytes:
     return orjson.dumps(value, default=lambda v: v.model_dump(mode="json"))
 
 
+async def _pause(attempt: int, replicas: int) -> None:
+    """Back off once every replica has failed in a row; moving to another one waits for nothing."""
+    if (attempt + 1) % replicas == 0:
+        await asyncio.sleep(min(2.0, 0.05 * 2 ** (attempt // replicas)))
+
+
 def _query(params: dict[str, Any] | None) -> list[tuple[str, str]] | None:
     """Query parameters as pairs; a list value repeats its key (``status=a&status=b``)."""
     if params is None:
@@ -67,15 +75,23 @@ def _query(params: dict[str, Any] | None) -> list[tuple[str, str]] | None:
 
 
 class HttpStore:
-    """The Store protocol over HTTP."""
+    """The Store protocol over HTTP, to one control plane or to several replicas (failover)."""
 
-    def __init__(self, url: str, *, token: str | None = None, timeout: float = 30.0) -> None:
-        self.url = url.rstrip("/")
+    def __init__(
+        self, url: str | Sequence[str], *, token: str | None = None, timeout: float = 30.0
+    ) -> None:
+        urls = split_urls(url)
+        self.url = urls[0]
         headers = {"content-type": "application/json"}
         if token:
             headers["authorization"] = f"Bearer {token}"
         self._timeout = timeout
-        self._client = Client(self.url, headers)
+        self._endpoints = Endpoints(urls, headers)
+
+    @property
+    def urls(self) -> list[str]:
+        """Every control-plane URL this store fails over between."""
+        return self._endpoints.urls
 
     async def _call(
         self,
@@ -88,29 +104,32 @@ class HttpStore:
         timeout: float | None = None,
     ) -> bytes:
         content = None if body is None else _body(body)
+        n = len(self._endpoints)
+        tries = (RETRIES if retry else 1) + n - 1
         last: Exception | None = None
-        for attempt in range(RETRIES if retry else 1):
+        for attempt in range(tries):
+            index, client = self._endpoints.current()
             try:
-                status, data = await self._client.request(
+                status, data = await client.request(
                     method, path, content, params=_query(params), timeout=timeout or self._timeout
                 )
-            except (
-                OSError,
-                TimeoutError,
-            ) as exc:  # refused, reset, closed early, not HTTP, or too slow
+            except (OSError, TimeoutError) as exc:  # refused, reset, closed early, or too slow
                 last = exc
-                if retry and attempt < RETRIES - 1:
-                    await asyncio.sleep(min(2.0, 0.05 * 2**attempt))
+                self._endpoints.failed(index)
+                unsent = isinstance(exc, ConnectionRefusedError)  # no server read it
+                if attempt < tries - 1 and (retry or unsent):
+                    await _pause(attempt, n)
+                    continue
+                break
+            if status >= 500 and retry and attempt < tries - 1:
+                self._endpoints.failed(index)
+                await _pause(attempt, n)
                 continue
             if status >= 400:
-                if status >= 500 and retry and attempt < RETRIES - 1:
-                    await asyncio.sleep(min(2.0, 0.05 * 2**attempt))
-                    continue
                 raise error_from_answer(status, data)
             return data
-        raise StoreUnavailable(
-            f"cannot reach the rollfleet server at {self.url}: {last!r}"
-        ) from last
+        where = ", ".join(self._endpoints.urls)
+        raise StoreUnavailable(f"cannot reach the rollfleet server at {where}: {last!r}") from last
 
     # --- writes ---------------------------------------------------------------------------------
 
@@ -414,4 +433,4 @@ class HttpStore:
 
     async def close(self) -> None:
         """Close the HTTP connections."""
-        self._client.close()
+        self._endpoints.close()
