@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from rollfleet.server.parts import PartsFactory, ServerParts
 from rollfleet.store.base import Store
+from rollfleet.store.sql_store import SqlStore
 
 if TYPE_CHECKING:
     from rollfleet.coordinator.coordinator import AbortHook
@@ -70,11 +71,21 @@ def abort_generations(gateway: Gateway) -> AbortHook:
     return abort
 
 
-def mount_pools(config: Path, parts: ServerParts, extras: dict[str, Any]) -> None:
-    """Host the pools of a config file under ``/pools``."""
+def mount_pools(
+    config: Path, parts: ServerParts, extras: dict[str, Any], store: Store | None = None
+) -> None:
+    """Host the pools of a config file under ``/pools``; over PostgreSQL their leases live in the
+    store, so every replica of the control plane honours them."""
     from rollfleet.pool import load_registry, pool_router
+    from rollfleet.pool.shared import SharedPoolRegistry, load_shared_registry
 
-    registry = load_registry(config)
+    registry = (
+        load_shared_registry(config, store)
+        if isinstance(store, SqlStore) and store.backend.dialect == "postgresql"
+        else load_registry(config)
+    )
+    if isinstance(registry, SharedPoolRegistry):
+        parts.on_startup.append(registry.start)  # its sweep expires leases of dead replicas too
     parts.routers.append(("/pools", pool_router(registry)))
     parts.on_shutdown.append(registry.close)
     extras["pools"] = lambda: [s.model_dump(mode="json") for s in registry.stats()]
@@ -128,7 +139,7 @@ def control_plane(
     if engine is not None:
         abort_hook = abort_generations(mount_gateway(store, engine, parts, extras))
     if pools is not None:
-        mount_pools(pools, parts, extras)
+        mount_pools(pools, parts, extras, store)
     mount_batches(store, parts, extras, abort_hook, experience_dir)
     parts.routers.append(("", dashboard_router(store, extras)))
     return parts

@@ -138,6 +138,15 @@ class PoolRegistry:
         lease_s: float | None = None,
     ) -> Lease:
         """Wait for an instance of ``pool_name`` (FIFO) and lease it to ``attempt_id``."""
+        lease, instance = await self._grant(pool_name, attempt_id, timeout, lease_s)
+        self._held[lease.lease_id] = _Held(lease, instance, time.monotonic() + lease.lease_s)
+        self._changed.set()
+        return lease
+
+    async def _grant(
+        self, pool_name: str, attempt_id: str | None, timeout: float | None, lease_s: float | None
+    ) -> tuple[Lease, Instance]:
+        """Wait for an instance and describe its lease (recording it is the caller's part)."""
         await self.start()
         pool = self.pool(pool_name)
         seconds = _check_lease_s(lease_s or self._lease_s[pool_name])
@@ -154,8 +163,6 @@ class PoolRegistry:
             lease_s=seconds,
             expires_at=time.time() + seconds,
         )
-        self._held[lease.lease_id] = _Held(lease, instance, time.monotonic() + seconds)
-        self._changed.set()
         log.info(
             "lease %s: %s → attempt %s for %.0fs",
             lease.lease_id,
@@ -163,7 +170,7 @@ class PoolRegistry:
             attempt_id,
             seconds,
         )
-        return lease
+        return lease, instance
 
     def renew(self, lease_id: str, lease_s: float | None = None) -> Lease:
         """Push the lease's expiry ``lease_s`` seconds (default: its own length) into the future."""
@@ -175,6 +182,14 @@ class PoolRegistry:
         )
         self._changed.set()
         return held.lease
+
+    async def renew_lease(self, lease_id: str, lease_s: float | None = None) -> Lease:
+        """``renew`` as the HTTP API calls it (a shared registry renews in the store)."""
+        return self.renew(lease_id, lease_s)
+
+    async def held_leases(self, pool_name: str | None = None) -> list[Lease]:
+        """``leases`` as the HTTP API calls it (a shared registry reads the store)."""
+        return self.leases(pool_name)
 
     async def release(self, lease_id: str, *, broken: bool = False, reason: str = "") -> None:
         """End the lease; the instance is reset (or replaced if ``broken``) in the background."""

@@ -1,7 +1,10 @@
 """RemotePool: lease instances from a pool served over HTTP (same ``lease()`` as a local Pool).
 
 ``async with remote.lease(attempt_id=...) as instance:`` acquires, renews the lease in the
-background while the body runs, and releases it afterwards whatever happens. If a renewal
+background while the body runs, and releases it afterwards whatever happens. Given several
+control-plane replicas, a call that cannot reach one goes to the next: their leases live in the
+shared store, so a renewal or release through any of them is honoured (an acquire whose answer was
+lost leaves a lease that nobody renews, so it expires). If a renewal
 is refused (the lease expired: the instance may already belong to someone else) the body
 is cancelled and the ``async with`` raises :class:`~rollfleet.errors.PoolError`.
 """
@@ -16,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from rollfleet.errors import Conflict, PoolError, RollfleetError
+from rollfleet.errors import Conflict, InvalidInput, PoolError, RollfleetError
 from rollfleet.pool.base import Instance, PoolStats
 from rollfleet.pool.leases import Lease
 from rollfleet.web.errors import error_from_answer
@@ -48,8 +51,13 @@ class RemotePool:
         lease_s: float = 60.0,
         client: httpx.AsyncClient | None = None,
     ) -> None:
-        """``url``: the service's pools root, e.g. ``http://127.0.0.1:8000/pools``."""
-        self.url = url.rstrip("/")
+        """``url``: the service's pools root, e.g. ``http://127.0.0.1:8000/pools``; several
+        (comma-separated: control-plane replicas over one database) are failed over between."""
+        self.urls = [u.strip().rstrip("/") for u in url.split(",") if u.strip()]
+        if not self.urls:
+            raise InvalidInput("RemotePool: no pool service URL given")
+        self.url = self.urls[0]
+        self._current = 0
         self.name = pool
         self.lease_s = lease_s
         headers = {"authorization": f"Bearer {token}"} if token else {}
@@ -64,13 +72,18 @@ class RemotePool:
         json: Any = None,
         timeout: float | None | object = httpx.USE_CLIENT_DEFAULT,
     ) -> httpx.Response:
-        url = f"{self.url}/{self.name}{path}"
-        try:
-            response = await self._client.request(method, url, json=json, timeout=timeout)  # type: ignore[arg-type]
-        except httpx.HTTPError as exc:
-            raise PoolError(f"pool service at {url} cannot be reached: {exc!r}") from exc
-        _raise_for(response)
-        return response
+        last: httpx.HTTPError | None = None
+        for _ in self.urls:  # a replica that cannot be reached hands over to the next
+            url = f"{self.urls[self._current]}/{self.name}{path}"
+            try:
+                response = await self._client.request(method, url, json=json, timeout=timeout)  # type: ignore[arg-type]
+            except httpx.HTTPError as exc:
+                last = exc
+                self._current = (self._current + 1) % len(self.urls)
+                continue
+            _raise_for(response)
+            return response
+        raise PoolError(f"pool service at {url} cannot be reached: {last!r}") from last
 
     async def acquire(
         self,

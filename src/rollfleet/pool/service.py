@@ -113,7 +113,7 @@ def pool_router(registry: PoolRegistry) -> APIRouter:
     async def list_leases(name: str) -> list[Lease]:
         """Leases held now on one pool."""
         registry.pool(name)
-        return registry.leases(name)
+        return await registry.held_leases(name)
 
     @router.post("/{name}/leases", response_model=Lease)
     @_answers_errors
@@ -128,7 +128,7 @@ def pool_router(registry: PoolRegistry) -> APIRouter:
     @_answers_errors
     async def renew(name: str, lease_id: str, body: RenewBody) -> Lease:
         """Extend a lease; 409 once it has expired (the instance may be someone else's now)."""
-        return registry.renew(lease_id, body.lease_s)
+        return await registry.renew_lease(lease_id, body.lease_s)
 
     @router.post("/{name}/leases/{lease_id}/release", status_code=204, response_model=None)
     @_answers_errors

@@ -292,3 +292,67 @@ SELECT value FROM kv WHERE key = :key;
 
 -- name: kv_scan
 SELECT key, value FROM kv WHERE substr(key, 1, length(:prefix)) = :prefix ORDER BY key;
+
+-- ---- pool leases (issue 19): a lease granted by one control-plane replica, honoured by all ----
+-- Created on first use (pool_leases_table, pool_leases_index), so an existing database gains it.
+-- "owner" is the replica process that holds the instance; "ended" says why a lease ended (NULL
+-- while held); "settled" says the owner has given the instance back to its pool.
+
+-- name: pool_leases_lock
+SELECT 1;
+
+-- name: pool_leases_table
+CREATE TABLE IF NOT EXISTS pool_leases (
+    lease_id TEXT PRIMARY KEY,
+    pool TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    instance_id TEXT NOT NULL,
+    endpoint TEXT,
+    generation INTEGER NOT NULL,
+    attempt_id TEXT,
+    ticket INTEGER NOT NULL,
+    serial INTEGER NOT NULL,
+    lease_s REAL NOT NULL,
+    expires_at REAL NOT NULL,
+    created_at REAL NOT NULL,
+    ended TEXT,
+    broken INTEGER NOT NULL DEFAULT 0,
+    settled INTEGER NOT NULL DEFAULT 0
+);
+
+-- name: pool_leases_index
+CREATE INDEX IF NOT EXISTS pool_leases_unsettled ON pool_leases (owner, settled);
+
+-- name: pool_lease_insert
+INSERT INTO pool_leases (lease_id, pool, owner, instance_id, endpoint, generation, attempt_id,
+    ticket, serial, lease_s, expires_at, created_at)
+VALUES (:lease_id, :pool, :owner, :instance_id, :endpoint, :generation, :attempt_id,
+    :ticket, :serial, :lease_s, :expires_at, :now);
+
+-- name: pool_lease_renew
+UPDATE pool_leases SET expires_at = :expires_at, lease_s = :lease_s
+WHERE lease_id = :lease_id AND ended IS NULL AND expires_at > :now
+RETURNING *;
+
+-- name: pool_lease_end
+UPDATE pool_leases SET ended = :why, broken = :broken
+WHERE lease_id = :lease_id AND ended IS NULL
+RETURNING *;
+
+-- name: pool_lease_get
+SELECT * FROM pool_leases WHERE lease_id = :lease_id;
+
+-- name: pool_leases_expire
+UPDATE pool_leases SET ended = 'expired'
+WHERE ended IS NULL AND expires_at <= :now
+RETURNING *;
+
+-- name: pool_leases_held
+SELECT * FROM pool_leases WHERE ended IS NULL AND (CAST(:pool AS TEXT) IS NULL OR pool = :pool)
+ORDER BY created_at, lease_id;
+
+-- name: pool_leases_unsettled
+SELECT * FROM pool_leases WHERE owner = :owner AND ended IS NOT NULL AND settled = 0;
+
+-- name: pool_lease_settle
+UPDATE pool_leases SET settled = 1 WHERE lease_id = :lease_id;
