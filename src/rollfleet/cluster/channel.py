@@ -19,12 +19,9 @@ before claiming them go back to the front of their queue.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import itertools
 import logging
 import pickle
-import socket
-import threading
 import time
 import uuid
 from collections import deque
@@ -35,8 +32,9 @@ from ray import exceptions as rayexc
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rollfleet.cluster import channel_actor as ca
-from rollfleet.cluster.cluster import NAMESPACE
-from rollfleet.cluster.lane import LaneAddress, encode, frame, out_of_band, shared_lane
+from rollfleet.cluster.cluster import NAMESPACE, find_node
+from rollfleet.cluster.lane import LaneAddress, out_of_band, shared_lane
+from rollfleet.cluster.presence import drop_presence, open_presence, presence_id
 from rollfleet.cluster.waiting import Work, caller_name, get_all, get_all_async
 from rollfleet.errors import ChannelEmpty, ChannelFull, ClusterError, ClusterTimeout, InvalidInput
 
@@ -51,68 +49,26 @@ _created: dict[str, Channel] = {}  # channels this process created: alive as lon
 _RemoteChannel: Any = ray.remote(num_cpus=0, max_concurrency=100_000)(ca.ChannelActor)  # type: ignore[call-overload]
 
 
-_presences: dict[LaneAddress, tuple[str, socket.socket]] = {}
-_presences_lock = threading.Lock()
-
-
-def _presence(address: LaneAddress) -> str | None:
-    """This process's presence id at a channel actor: a lane connection that only stays open,
-    so that the actor ends this process's waiting Ray-call gets when it dies (None: the actor
-    cannot be reached that way; gets then work as before, without that guard)."""
-    with _presences_lock:
-        held = _presences.get(address)
-        if held is not None:
-            return held[0]
-        host, port, token = address
-        presence = uuid.uuid4().hex
-        try:
-            sock = socket.create_connection((host, port), timeout=30)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            sock.sendall(frame(token))
-            for piece in encode(("presence", (presence,))):
-                sock.sendall(piece)
-        except OSError as exc:
-            log.warning("channel at %s:%s: no presence connection (%s)", host, port, exc)
-            return None
-        _presences[address] = (presence, sock)  # open until this process exits
-        return presence
-
-
-@atexit.register
-def _close_presences() -> None:
-    """Close this process's presence connections (its exit would; this says it first)."""
-    with _presences_lock:
-        for _, sock in _presences.values():
-            sock.close()
-        _presences.clear()
-
-
-def _drop_presence(address: LaneAddress, presence: str | None) -> None:
-    """Forget a presence the actor saw close (the next get opens a new one)."""
-    with _presences_lock:
-        held = _presences.get(address)
-        if held is not None and held[0] == presence:
-            del _presences[address]
-            held[1].close()
-
-
 def _actor_name(name: str) -> str:
     return f"channel:{name}"
 
 
 def create_channel(
     name: str,
+    node_id: int | str | None = None,
     maxsize: int = 0,
     *,
-    node_id: str | None = None,
     exist_ok: bool = False,
     detached: bool = False,
     inline_limit: int = INLINE_LIMIT,
 ) -> Channel:
     """Create the channel ``name`` holding at most ``maxsize`` items (0: unbounded).
 
-    The channel lives as long as the process that created it, or until ``destroy()`` when
-    ``detached``. With ``exist_ok`` an existing channel of that name is returned instead.
+    RLinf's argument order: ``create_channel(name, node_id, maxsize)``. ``node_id`` pins the
+    channel's actor to a node: its index (as ``Cluster().nodes()`` numbers them, RLinf's node
+    rank) or its Ray node id; None lets Ray place it. Pass ``maxsize`` by keyword when there is
+    no node. The channel lives as long as the process that created it, or until ``destroy()``
+    when ``detached``. With ``exist_ok`` an existing channel of that name is returned instead.
     ``inline_limit``: items of at least this many bytes go by object-store reference.
     """
     if maxsize < 0:
@@ -125,7 +81,16 @@ def create_channel(
     if detached:
         options["lifetime"] = "detached"
     if node_id is not None:
-        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
+        if isinstance(node_id, bool) or not isinstance(node_id, (int, str)):
+            raise InvalidInput(f"channel {name!r}: node_id must be a node index or a Ray node id")
+        try:
+            node = find_node(node_id).node_id
+        except InvalidInput as exc:  # most likely a maxsize given where the node goes
+            raise InvalidInput(
+                f"channel {name!r}: {exc}; the order is create_channel(name, node_id, maxsize), "
+                "pass maxsize= by keyword"
+            ) from exc
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
     try:
         actor = _RemoteChannel.options(**options).remote(name, maxsize)
     except ValueError as exc:
@@ -267,7 +232,7 @@ class Channel:
         if status == ca.EMPTY:
             raise ChannelEmpty(f"{self._what(op, key)}: no item")
         if status == ca.GONE:
-            _drop_presence(self._lane_address, self._presence_id)
+            drop_presence(self._lane_address, self._presence_id)
             raise ClusterError(
                 f"{self._what(op, key)}: the channel saw this process's presence connection close "
                 "and took nothing for it; retry"
@@ -275,12 +240,11 @@ class Channel:
 
     @property
     def _presence_id(self) -> str | None:
-        held = _presences.get(self._lane_address)
-        return None if held is None else held[0]
+        return presence_id(self._lane_address)
 
     def _get_rpc(self, key: Any, n: int | None, target: float | None, timeout: float | None) -> Any:
         """A get by Ray call, ended by the actor if this process dies while it waits."""
-        presence = self._presence_id or _presence(self._lane_address)
+        presence = self._presence_id or open_presence(self._lane_address)
         return self._actor.get_batch.remote(key, n, target, False, timeout, presence)
 
     # -- put -----------------------------------------------------------------------------------
@@ -450,7 +414,7 @@ class Channel:
         timeout: float | None = None,
     ) -> list[Any]:
         """Awaitable get_batch."""
-        presence = self._presence_id or await asyncio.to_thread(_presence, self._lane_address)
+        presence = self._presence_id or await asyncio.to_thread(open_presence, self._lane_address)
         ref = self._actor.get_batch.remote(key, n, target_weight, False, timeout, presence)
         status, payloads = (
             await get_all_async([ref], self._where, self._what("get", key), _grace(timeout))
@@ -499,7 +463,7 @@ class Channel:
     def destroy(self) -> None:
         """Kill the channel's actor (queued items are dropped)."""
         self._lane.close()
-        _drop_presence(self._lane_address, self._presence_id)
+        drop_presence(self._lane_address, self._presence_id)
         _created.pop(self.name, None)
         ray.kill(self._actor, no_restart=True)
         log.info("channel %s destroyed", self.name)

@@ -5,19 +5,19 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rollfleet.cluster.address import WorkerAddress, WorkerInfo
-from rollfleet.cluster.cluster import NAMESPACE, Cluster
+from rollfleet.cluster.cluster import NAMESPACE, Cluster, alive_nodes, free_gpus, pinned_options
 from rollfleet.cluster.placement import (
     CpuPlacement,
     NodeResources,
     PlacementStrategy,
     RankPlacement,
+    gpu_shortfall,
 )
 from rollfleet.cluster.rank import actor_class, current_worker, group_methods
 from rollfleet.cluster.waiting import DEATH_ERRORS, Work, get_all
@@ -42,6 +42,12 @@ class _RankSlot:
     info: WorkerInfo
     node_id: str
     num_cpus: float
+    num_gpus: int = 0
+
+    @property
+    def where(self) -> str:
+        """The rank's node, as errors name it."""
+        return f"{self.info.node_ip} ({self.node_id[:12]})"
 
 
 @dataclass
@@ -69,6 +75,9 @@ class WorkerGroupSpec(Generic[W]):
         address = _group_address(self.worker_cls, name)
         master = nodes[plan[0].node_index]
         port = cluster.free_port(master)
+        short = gpu_shortfall(plan, nodes, free_gpus())
+        if short:
+            raise ClusterError(f"group {address}: not enough GPUs for its ranks: {short}")
         slots = [_slot(address, p, len(plan), nodes, master.node_ip, port) for p in plan]
         options = {"max_restarts": max_restarts}
         if max_concurrency is not None:
@@ -121,7 +130,7 @@ def _slot(
         master_addr=ip,
         master_port=port,
     )
-    return _RankSlot(info, node.node_id, p.num_cpus)
+    return _RankSlot(info, node.node_id, p.num_cpus, len(p.gpus))
 
 
 class WorkerGroup(Generic[W]):
@@ -143,7 +152,6 @@ class WorkerGroup(Generic[W]):
         self._handles: list[Any] = handles if handles is not None else [None] * len(slots)
         self._selected = selected if selected is not None else tuple(range(len(slots)))
         self._methods = group_methods(spec.worker_cls)
-        self._wheres = [self._name(r) for r in self._selected]
         self._label = address.get_name()
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -157,15 +165,17 @@ class WorkerGroup(Generic[W]):
             for current in ranks:
                 slot = self._slots[current]
                 self._handles[current] = remote_cls.options(
-                    name=slot.info.address.get_name(),
-                    namespace=NAMESPACE,
-                    num_cpus=slot.num_cpus,
-                    num_gpus=0,
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(slot.node_id, soft=False),
-                    **self._options,
+                    **pinned_options(
+                        slot.info.address.get_name(),
+                        slot.node_id,
+                        num_cpus=slot.num_cpus,
+                        num_gpus=slot.num_gpus,
+                        **self._options,
+                    )
                 ).remote(slot.info, *self._spec.args, **self._spec.kwargs)
                 created.append(current)
             self._ping(created, timeout, "start")
+            self._learn_gpus(created)
         except BaseException as exc:
             for rank in created:
                 ray.kill(self._handles[rank], no_restart=True)
@@ -178,13 +188,50 @@ class WorkerGroup(Generic[W]):
 
     def _ping(self, ranks: Sequence[int], timeout: float | None, what: str) -> None:
         refs = [self._handles[r]._rf_ping.remote() for r in ranks]
-        get_all(refs, [self._name(r) for r in ranks], f"{self._address}.{what}", timeout)
+        nodes = [self._slots[r].where for r in ranks]
+        get_all(refs, [self._name(r) for r in ranks], f"{self._address}.{what}", timeout, nodes)
+
+    def _learn_gpus(self, ranks: Sequence[int]) -> None:
+        """Record which GPUs Ray gave each GPU rank (Ray picks them, the plan only counts)."""
+        gpu_ranks = [r for r in ranks if self._slots[r].num_gpus]
+        refs = [self._handles[r]._rf_info_now.remote() for r in gpu_ranks]
+        for rank, info in zip(gpu_ranks, ray.get(refs, timeout=60), strict=True):
+            self._slots[rank] = replace(self._slots[rank], info=info)
+
+    def _replace_dead_node(self, rank: int) -> None:
+        """Move ``rank`` to another alive node when its own node has died."""
+        slot = self._slots[rank]
+        nodes = alive_nodes()
+        if any(n.node_id == slot.node_id for n in nodes):
+            return
+        free = free_gpus()
+        fits = [n for n in nodes if free.get(n.node_id, n.num_gpus) >= slot.num_gpus]
+        if not fits:
+            raise ClusterError(
+                f"restart of {self._name(rank)}: its node {slot.where} is dead and no alive node "
+                f"has {slot.num_gpus} free GPU(s)"
+            )
+        load = {n.node_id: 0 for n in fits}
+        for other in self._slots:
+            if other.node_id in load:
+                load[other.node_id] += 1
+        node = min(fits, key=lambda n: load[n.node_id])
+        info = replace(slot.info, node_id=node.node_id, node_ip=node.node_ip)
+        log.warning(
+            "group %s: rank %d's node %s is dead; restarting it on %s",
+            self._address,
+            rank,
+            slot.where,
+            node.node_ip,
+        )
+        self._slots[rank] = replace(slot, info=info, node_id=node.node_id)
 
     def restart(self, rank: int, timeout: float = 120.0) -> None:
         """Replace rank ``rank`` (dead or alive) with a fresh actor built with the same
         arguments."""
         self._check_ranks([rank])
         ray.kill(self._handles[rank], no_restart=True)
+        self._replace_dead_node(rank)
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -259,7 +306,9 @@ class WorkerGroup(Generic[W]):
             ]
         else:
             refs = [getattr(handles[r], method).remote(*args, **kwargs) for r in self._selected]
-        return Work(refs, self._wheres, f"{self._label}.{method}")
+        wheres = [self._name(r) for r in self._selected]
+        nodes = [self._slots[r].where for r in self._selected]
+        return Work(refs, wheres, f"{self._label}.{method}", nodes=nodes)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_") or name not in self._methods:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -59,6 +59,35 @@ def _with_local_ranks(placements: list[RankPlacement]) -> list[RankPlacement]:
     return out
 
 
+def gpu_shortfall(
+    plan: Sequence[RankPlacement], nodes: Sequence[NodeResources], free: Mapping[str, float]
+) -> str | None:
+    """Why Ray cannot reserve the GPUs ``plan`` asks for, node by node (None: it can).
+
+    ``free`` holds the GPUs no actor has reserved yet, per Ray node id (a node missing from it
+    counts as all free).
+    """
+    demand: Counter[int] = Counter()
+    for p in plan:
+        demand[p.node_index] += len(p.gpus)
+    problems = []
+    for index, need in sorted(demand.items()):
+        node = nodes[index]
+        free_now = free.get(node.node_id, float(node.num_gpus))
+        where = f"node {index} ({node.node_ip})"
+        if need > node.num_gpus:
+            problems.append(
+                f"{where} has {node.num_gpus} GPU(s) and {need} are asked of it: "
+                f"short by {need - node.num_gpus}"
+            )
+        elif need > free_now:
+            problems.append(
+                f"{where} has {free_now:g} of its {node.num_gpus} GPU(s) free (other actors hold "
+                f"the rest) and {need} are asked of it: short by {need - free_now:g}"
+            )
+    return "; ".join(problems) or None
+
+
 def _positive(name: str, value: int) -> None:
     if value < 1:
         raise InvalidInput(f"{name} must be >= 1, got {value}")
@@ -94,9 +123,12 @@ class PackedPlacement:
                     RankPlacement(len(placements), node.index, gpus, self.num_cpus_per_rank)
                 )
         if len(placements) < self.num_ranks:
+            have = sum(n.num_gpus for n in nodes[self.start_node :])
             raise ClusterError(
                 f"packed placement: {self.num_ranks} ranks x {self.gpus_per_rank} GPU(s) do not "
-                f"fit on nodes {self.start_node}..{len(nodes) - 1} (room for {len(placements)})"
+                f"fit on nodes {self.start_node}..{len(nodes) - 1}, which have {have} GPU(s) "
+                f"(room for {len(placements)} ranks): short by "
+                f"{self.num_ranks - len(placements)} rank(s)"
             )
         return _with_local_ranks(placements)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import replace
 from typing import Any
 
 from rollfleet.cluster.address import WorkerInfo
@@ -25,9 +26,26 @@ def current_worker() -> Any:
 def install(worker: Any, info: WorkerInfo) -> None:
     """Make ``worker`` this process's current worker and export its torch.distributed env."""
     global _current
+    info = with_reserved_gpus(info)
     os.environ.update(info.env())
     worker._rf_info = info
     _current = worker
+
+
+def with_reserved_gpus(info: WorkerInfo) -> WorkerInfo:
+    """``info`` with the GPUs Ray reserved for this actor, when it reserved any.
+
+    Ray picks which of a node's GPUs an actor that asks for ``num_gpus`` gets (and sets
+    CUDA_VISIBLE_DEVICES to them); the plan only decides the node and how many.
+    """
+    import ray
+
+    if not ray.is_initialized():
+        return info
+    reserved = tuple(int(g) for g in ray.get_gpu_ids())
+    if not reserved:
+        return info
+    return replace(info, gpu_id=reserved[0], available_gpus=reserved)
 
 
 @functools.cache

@@ -21,8 +21,9 @@ DEATH_ERRORS = (
 )
 
 
-def unwrap(exc: BaseException, where: str, what: str) -> BaseException:
-    """The exception to raise for a Ray error that happened at ``where`` while doing ``what``."""
+def unwrap(exc: BaseException, where: str, what: str, node: str | None = None) -> BaseException:
+    """The exception to raise for a Ray error that happened at ``where`` (on ``node``) while doing
+    ``what``."""
     if isinstance(exc, rayexc.RayTaskError):
         cause = exc.cause
         if isinstance(cause, BaseException) and not isinstance(cause, rayexc.RayError):
@@ -32,7 +33,8 @@ def unwrap(exc: BaseException, where: str, what: str) -> BaseException:
             return cause
         return ClusterError(f"{what} failed on worker {where}: {exc}")
     if isinstance(exc, DEATH_ERRORS):
-        return ClusterError(f"worker {where} died during {what}: {type(exc).__name__}: {exc}")
+        on = "" if node is None else f" (it ran on node {node})"
+        return ClusterError(f"worker {where} died during {what}{on}: {type(exc).__name__}: {exc}")
     if isinstance(exc, rayexc.GetTimeoutError):
         return ClusterTimeout(f"{what}: no answer from {where}")
     return exc
@@ -45,9 +47,15 @@ def caller_name() -> str:
 
 
 def get_all(
-    refs: Sequence[ray.ObjectRef[Any]], wheres: Sequence[str], what: str, timeout: float | None
+    refs: Sequence[ray.ObjectRef[Any]],
+    wheres: Sequence[str],
+    what: str,
+    timeout: float | None,
+    nodes: Sequence[str] | None = None,
 ) -> list[Any]:
-    """``ray.get`` every ref; raise the first (lowest-rank) failure once all have finished."""
+    """``ray.get`` every ref; raise the first (lowest-rank) failure once all have finished.
+
+    ``nodes``: where each worker runs, named when one of them died."""
     refs = list(refs)
     try:
         return list(ray.get(refs, timeout=timeout))
@@ -57,7 +65,7 @@ def get_all(
         pass
     if len(ray.wait(refs, num_returns=len(refs), timeout=timeout)[0]) < len(refs):
         raise _timeout(refs, wheres, what, timeout)
-    return _results_or_raise(refs, wheres, what)
+    return _results_or_raise(refs, wheres, what, nodes)
 
 
 def _timeout(
@@ -72,16 +80,19 @@ def _timeout(
 
 
 def _results_or_raise(
-    refs: Sequence[ray.ObjectRef[Any]], wheres: Sequence[str], what: str
+    refs: Sequence[ray.ObjectRef[Any]],
+    wheres: Sequence[str],
+    what: str,
+    nodes: Sequence[str] | None = None,
 ) -> list[Any]:
     """Wait for every ref, then raise the first error (others are attached as notes)."""
     results: list[Any] = []
     errors: list[BaseException] = []
-    for ref, where in zip(refs, wheres, strict=True):
+    for i, (ref, where) in enumerate(zip(refs, wheres, strict=True)):
         try:
             results.append(ray.get(ref))
         except Exception as exc:  # noqa: BLE001 - every failure is reported below
-            errors.append(unwrap(exc, where, what))
+            errors.append(unwrap(exc, where, what, None if nodes is None else nodes[i]))
     if not errors:
         return results
     first = errors[0]
@@ -93,7 +104,11 @@ def _results_or_raise(
 
 
 async def get_all_async(
-    refs: Sequence[ray.ObjectRef[Any]], wheres: Sequence[str], what: str, timeout: float | None
+    refs: Sequence[ray.ObjectRef[Any]],
+    wheres: Sequence[str],
+    what: str,
+    timeout: float | None,
+    nodes: Sequence[str] | None = None,
 ) -> list[Any]:
     """Awaitable twin of :func:`get_all`."""
     done = asyncio.gather(*refs, return_exceptions=True)
@@ -104,8 +119,8 @@ async def get_all_async(
             f"{what}: {', '.join(wheres)} did not answer {caller_name()} within {timeout}s"
         ) from None
     errors = [
-        unwrap(o, w, what)
-        for o, w in zip(outcomes, wheres, strict=True)
+        unwrap(o, w, what, None if nodes is None else nodes[i])
+        for i, (o, w) in enumerate(zip(outcomes, wheres, strict=True))
         if isinstance(o, BaseException)
     ]
     if errors:
@@ -118,7 +133,7 @@ async def get_all_async(
 class Work:
     """A waitable result: ``.wait(timeout)`` blocks, ``await work`` suspends; ``.done()`` peeks."""
 
-    __slots__ = ("_refs", "_wheres", "_what", "_finish")
+    __slots__ = ("_refs", "_wheres", "_what", "_finish", "_nodes")
 
     def __init__(
         self,
@@ -126,11 +141,14 @@ class Work:
         wheres: Sequence[str],
         what: str,
         finish: Callable[[list[Any]], Any] = list,
+        *,
+        nodes: Sequence[str] | None = None,
     ) -> None:
         self._refs = refs
         self._wheres = wheres
         self._what = what
         self._finish = finish
+        self._nodes = nodes
 
     def done(self) -> bool:
         """True once every part has finished (successfully or not)."""
@@ -138,11 +156,13 @@ class Work:
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until done; raise the remote exception or ClusterTimeout."""
-        return self._finish(get_all(self._refs, self._wheres, self._what, timeout))
+        return self._finish(get_all(self._refs, self._wheres, self._what, timeout, self._nodes))
 
     async def wait_async(self, timeout: float | None = None) -> Any:
         """Suspend until done; raise the remote exception or ClusterTimeout."""
-        return self._finish(await get_all_async(self._refs, self._wheres, self._what, timeout))
+        return self._finish(
+            await get_all_async(self._refs, self._wheres, self._what, timeout, self._nodes)
+        )
 
     def __await__(self) -> Generator[Any, None, Any]:
         return self.wait_async().__await__()

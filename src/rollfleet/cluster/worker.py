@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from rollfleet.cluster.address import WorkerAddress, WorkerInfo
 from rollfleet.cluster.rank import actor_class, current_worker, group_methods
-from rollfleet.errors import ClusterError
+from rollfleet.errors import ClusterError, InvalidInput
 
 if TYPE_CHECKING:
     import torch
@@ -71,77 +71,83 @@ class Worker:
         """How many ranks this rank's group has."""
         return self.worker_info.world_size
 
-    # -- point to point ---------------------------------------------------------------------
+    # -- point to point (RLinf's ``dst_group_name``/``src_group_name``; ``dst_group``/``src_group``
+    # are the older spellings, still accepted) -----------------------------------------------
     def send(
         self,
         obj: Any,
-        dst_group: str,
-        dst_rank: int,
+        dst_group_name: str | None = None,
+        dst_rank: int | None = None,
         *,
         async_op: bool = False,
         timeout: float | None = DEFAULT_P2P_TIMEOUT,
+        dst_group: str | None = None,
     ) -> Work | None:
-        """Send a Python object to rank ``dst_rank`` of ``dst_group`` (through the object store)."""
+        """Send a Python object to rank ``dst_rank`` of ``dst_group_name`` (through the object
+        store)."""
         from rollfleet.cluster import collective
 
-        return collective.send_object(
-            self.worker_address, obj, _peer(dst_group, dst_rank), async_op, timeout
-        )
+        peer = _peer("send", dst_group_name, dst_group, dst_rank)
+        return collective.send_object(self.worker_address, obj, peer, async_op, timeout)
 
     def recv(
         self,
-        src_group: str,
-        src_rank: int,
+        src_group_name: str | None = None,
+        src_rank: int | None = None,
         *,
         async_op: bool = False,
         timeout: float | None = DEFAULT_P2P_TIMEOUT,
+        src_group: str | None = None,
     ) -> Any:
-        """Receive the next object rank ``src_rank`` of ``src_group`` sent to this rank."""
+        """Receive the next object rank ``src_rank`` of ``src_group_name`` sent to this rank."""
         from rollfleet.cluster import collective
 
-        return collective.recv_object(
-            self.worker_address, _peer(src_group, src_rank), async_op, timeout
-        )
+        peer = _peer("recv", src_group_name, src_group, src_rank)
+        return collective.recv_object(self.worker_address, peer, async_op, timeout)
 
     def send_tensor(
         self,
         tensor: torch.Tensor,
-        dst_group: str,
-        dst_rank: int,
+        dst_group_name: str | None = None,
+        dst_rank: int | None = None,
         *,
         async_op: bool = False,
         timeout: float = DEFAULT_P2P_TIMEOUT,
+        dst_group: str | None = None,
     ) -> TensorWork | None:
         """Send ``tensor`` over torch.distributed (gloo on CPU, NCCL on GPU); the peer needs a
         buffer."""
         from rollfleet.cluster import collective
 
-        return collective.send_tensor(
-            self.worker_info, tensor, _peer(dst_group, dst_rank), async_op, timeout
-        )
+        peer = _peer("send_tensor", dst_group_name, dst_group, dst_rank)
+        return collective.send_tensor(self.worker_info, tensor, peer, async_op, timeout)
 
     def recv_tensor(
         self,
         tensor: torch.Tensor,
-        src_group: str,
-        src_rank: int,
+        src_group_name: str | None = None,
+        src_rank: int | None = None,
         *,
         async_op: bool = False,
         timeout: float = DEFAULT_P2P_TIMEOUT,
+        src_group: str | None = None,
     ) -> TensorWork | None:
-        """Receive into the pre-allocated ``tensor`` from rank ``src_rank`` of ``src_group``."""
+        """Receive into the pre-allocated ``tensor`` from rank ``src_rank`` of
+        ``src_group_name``."""
         from rollfleet.cluster import collective
 
-        return collective.recv_tensor(
-            self.worker_info, tensor, _peer(src_group, src_rank), async_op, timeout
-        )
+        peer = _peer("recv_tensor", src_group_name, src_group, src_rank)
+        return collective.recv_tensor(self.worker_info, tensor, peer, async_op, timeout)
 
     # -- channels ---------------------------------------------------------------------------
-    def create_channel(self, name: str, maxsize: int = 0) -> Channel:
-        """Create a named channel (owned by this worker) that other workers can connect to."""
+    def create_channel(
+        self, name: str, node_id: int | str | None = None, maxsize: int = 0, **options: Any
+    ) -> Channel:
+        """Create a named channel (owned by this worker) that other workers can connect to;
+        ``node_id`` (a node index or Ray id) pins its actor, as RLinf's spelling does."""
         from rollfleet.cluster.channel import create_channel
 
-        return create_channel(name, maxsize)
+        return create_channel(name, node_id, maxsize, **options)
 
     def connect_channel(self, name: str, timeout: float = 0.0) -> Channel:
         """Connect to an existing channel by name (waiting up to ``timeout`` for it to appear)."""
@@ -159,10 +165,19 @@ class Worker:
             raise self._rf_init_error
         return self.worker_address.get_name(), os.getpid()
 
+    def _rf_info_now(self) -> WorkerInfo:
+        """This rank's WorkerInfo as it runs (with the GPUs Ray reserved for it)."""
+        return self.worker_info
 
-def _peer(group: str, rank: int) -> WorkerAddress:
-    """The address of ``rank`` in the group called ``group``."""
-    return WorkerAddress.parse(group).get_child_address(rank)
+
+def _peer(op: str, group: str | None, alias: str | None, rank: int | None) -> WorkerAddress:
+    """The address of ``rank`` in the group named by ``group`` or its older spelling ``alias``."""
+    if (group is None) == (alias is None) or rank is None:
+        raise InvalidInput(
+            f"{op} needs a group (the *_group_name argument, or the older *_group) and a rank; "
+            f"got group={group!r}, older spelling={alias!r}, rank={rank!r}"
+        )
+    return WorkerAddress.parse(group or alias or "").get_child_address(rank)
 
 
 __all__ = ["DEFAULT_P2P_TIMEOUT", "Worker", "actor_class", "group_methods"]
