@@ -137,6 +137,7 @@ class SqlStore:
 
     async def wait_for_change(self, timeout: float) -> bool:
         """Wait until any write lands (for live views); False when the timeout passed first."""
+        self._ensure_listening()  # a replica's dashboard wakes for other replicas' writes too
         event = self._changed.current()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), timeout)

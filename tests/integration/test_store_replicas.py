@@ -1,0 +1,53 @@
+"""Wake-ups cross replicas: two PostgreSQL stores (as two ``rollfleet serve`` processes hold) on
+one database; a write through one wakes a long-poll claim and the dashboard's live loop on the
+other at once (NOTIFY/LISTEN), well inside the 1 s fallback poll."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from rollfleet.model import RolloutSpec
+from rollfleet.store import SqlStore, open_sql_store
+
+PROMPT_S = 0.5  # far under FALLBACK_POLL_S (1 s): only a notification wakes this fast
+
+
+@pytest.fixture
+async def stores(pg_url: str) -> AsyncIterator[tuple[SqlStore, SqlStore]]:
+    a, b = open_sql_store(pg_url), open_sql_store(pg_url)
+    yield a, b
+    await a.close()
+    await b.close()
+
+
+async def test_a_claim_waiting_on_one_replica_wakes_when_another_enqueues(
+    stores: tuple[SqlStore, SqlStore],
+) -> None:
+    a, b = stores
+    listening = asyncio.create_task(b.wait_for_change(5.0))
+    await b.claim("warm-up", wait_s=0.0)  # starts b's LISTEN connection
+    assert await listening  # ... which wakes b once it is up (and a claim write wakes it too)
+    waiting = asyncio.create_task(b.claim("w", wait_s=20.0))
+    started = time.monotonic()
+    await a.enqueue_many([RolloutSpec(input={"n": 1}, rollout_id="ro-x")])
+    [claimed] = await asyncio.wait_for(waiting, 10)
+    assert claimed.rollout_id == "ro-x"
+    assert time.monotonic() - started < PROMPT_S
+
+
+async def test_the_dashboard_wait_on_one_replica_wakes_when_another_writes(
+    stores: tuple[SqlStore, SqlStore],
+) -> None:
+    a, b = stores
+    assert await b.wait_for_change(5.0)  # it starts b listening, which wakes b once it is up
+    for _ in range(3):
+        woken = asyncio.create_task(b.wait_for_change(20.0))
+        await asyncio.sleep(0)  # the wait is armed
+        started = time.monotonic()
+        await a.enqueue_many([RolloutSpec(input={"n": 1})])
+        assert await asyncio.wait_for(woken, 10) is True
+        assert time.monotonic() - started < PROMPT_S
