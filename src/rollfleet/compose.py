@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from rollfleet.server.parts import PartsFactory, ServerParts
 from rollfleet.store.base import Store
 from rollfleet.store.sql_store import SqlStore
 
 if TYPE_CHECKING:
-    from rollfleet.coordinator.coordinator import AbortHook
+    from rollfleet.coordinator.coordinator import AbortHook, RolloutCoordinator
     from rollfleet.engines.gateway import Gateway
 
 
@@ -97,8 +97,10 @@ def mount_batches(
     extras: dict[str, Any],
     abort_hook: AbortHook | None = None,
     experience_dir: Path | None = None,
+    advertise: str | None = None,
 ) -> None:
     """Serve the batch coordinator at ``/batches``; persisted batches resume as the app starts.
+    Over PostgreSQL one replica leads (``advertise``: the URL others forward batches to).
 
     ``abort_hook`` (the mounted gateway's, when there is one) stops the generations of the
     rollouts a batch abort or the ``cancel`` policy cancels."""
@@ -107,7 +109,10 @@ def mount_batches(
 
     coordinator = RolloutCoordinator(store, abort_hook=abort_hook, experience_dir=experience_dir)
     parts.routers.append(("/batches", coordinator_router(coordinator)))
-    parts.on_startup.append(coordinator.prepare)
+    if isinstance(store, SqlStore) and store.backend.dialect == "postgresql":
+        elect_coordinator(coordinator, store, parts, advertise)
+    else:
+        parts.on_startup.append(coordinator.prepare)
     parts.on_shutdown.append(coordinator.shutdown)
 
     async def batches() -> list[dict[str, Any]]:
@@ -121,6 +126,27 @@ def mount_batches(
     extras.setdefault("abort_batch", abort_batch)
 
 
+def elect_coordinator(
+    coordinator: RolloutCoordinator, store: SqlStore, parts: ServerParts, url: str | None
+) -> None:
+    """Run the coordinator only while this replica holds the election's lock; forward otherwise."""
+    from rollfleet.coordinator.election import Election
+    from rollfleet.coordinator.forwarding import LeaderForwarding
+
+    async def elected() -> None:
+        coordinator.forget()
+        await coordinator.prepare()
+
+    async def deposed() -> None:
+        coordinator.forget()
+
+    dsn = str(cast(Any, store.backend).url)  # a PostgresBackend's
+    election = Election(dsn, store, url, on_elected=elected, on_deposed=deposed)
+    parts.on_startup.append(election.start)
+    parts.on_shutdown.append(election.close)
+    parts.middleware.append((LeaderForwarding, {"election": election}))
+
+
 def control_plane(
     store: Store,
     *,
@@ -128,9 +154,11 @@ def control_plane(
     engine: EngineOptions | None = None,
     extras: dict[str, Any] | None = None,
     experience_dir: Path | None = None,
+    advertise: str | None = None,
 ) -> ServerParts:
     """Every part of ``rollfleet serve``: engines and pools when given, batches (their
-    experiences written to ``experience_dir``), the dashboard."""
+    experiences written to ``experience_dir``; ``advertise``: this replica's URL), the
+    dashboard."""
     from rollfleet.server.dashboard import dashboard_router
 
     parts = ServerParts()
@@ -140,7 +168,7 @@ def control_plane(
         abort_hook = abort_generations(mount_gateway(store, engine, parts, extras))
     if pools is not None:
         mount_pools(pools, parts, extras, store)
-    mount_batches(store, parts, extras, abort_hook, experience_dir)
+    mount_batches(store, parts, extras, abort_hook, experience_dir, advertise)
     parts.routers.append(("", dashboard_router(store, extras)))
     return parts
 

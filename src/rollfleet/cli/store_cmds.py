@@ -49,6 +49,12 @@ def serve(
     ),
     model: str = typer.Option(None, "--model", help="model name or path for the engine"),
     replicas: int = typer.Option(1, "--replicas", min=1, help="engine replicas behind the gateway"),
+    advertise_url: str = typer.Option(
+        None,
+        "--advertise-url",
+        help="this replica's URL for the others (PostgreSQL: they forward /batches to the "
+        "elected one); default http://HOST:PORT",
+    ),
 ) -> None:
     """Run the control plane: HTTP API, reaper, dashboard."""
     import uvicorn
@@ -72,13 +78,15 @@ def serve(
                 f"--engine {engine!r}: choose one of {', '.join(k.value for k in EngineKind)}"
             )
     options = None if engine is None else EngineOptions(engine, replicas, model, engine_url, token)
-    parts = control_plane(store, pools=pools, engine=options)
+    advertise = advertise_url or f"http://{host}:{port}"
+    parts = control_plane(store, pools=pools, engine=options, advertise=advertise)
     app = create_app(
         store,
         token=token,
         routers=parts.routers,
         on_startup=parts.on_startup,
         on_shutdown=parts.on_shutdown,
+        middleware=parts.middleware,
     )
     log.info("serving %s on http://%s:%d (auth %s)", url, host, port, "on" if token else "off")
     uvicorn.run(

@@ -3,17 +3,24 @@
 Results are the same records the in-process coordinator returns (``BatchInfo``,
 ``FinalizeResult``, ``AbortResult``, ``ExperienceStats``), read from the server's JSON; errors are
 the same rollfleet errors (NotFound, Conflict, InvalidInput), rebuilt from the server's
-``{"error", "message"}`` body. Only reads are retried: a submit is idempotent by batch id on the
-server, but a repeated finalize could wait twice as long, so nothing else is retried blindly.
+``{"error", "message"}`` body. With one URL nothing is retried. Given several control-plane
+replicas, a call whose replica cannot be reached or answers 503 (no coordinator leads for now) goes
+to the next one, for up to ``failover_s``: finalize is safe to send again (a finalized batch
+answers the same result), and a submit sent again after its answer was lost answers ``Conflict``
+(the batch id is taken: ``get_batch`` shows it).
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import time
 from collections.abc import Hashable
 from typing import Any, TypeVar, cast
 
 import httpx
 
+from rollfleet.client.endpoints import split_urls
 from rollfleet.coordinator.experiences import ExperienceStats
 from rollfleet.coordinator.state import AbortResult, BatchInfo, BatchType, FinalizeResult
 from rollfleet.errors import StoreUnavailable
@@ -22,41 +29,59 @@ from rollfleet.web.errors import error_from_answer
 from rollfleet.web.serving import segment
 
 FINALIZE_MARGIN_S = 30.0
+FAILOVER_S = 60.0  # with several replicas: how long to go round them (a leader election included)
 _DEFAULT: Any = object()
 T = TypeVar("T")
 
 
 class CoordinatorClient:
-    """Submit, finalize, abort and process batches on a remote control plane."""
+    """Submit, finalize, abort and process batches on a remote control plane (one URL, or several
+    replicas: comma-separated or a list)."""
 
     def __init__(
         self,
-        url: str,
+        url: str | list[str],
         *,
         token: str | None = None,
         timeout: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        failover_s: float = FAILOVER_S,
     ) -> None:
         headers = {"authorization": f"Bearer {token}"} if token else {}
         self._timeout = timeout
-        self._client = httpx.AsyncClient(
-            base_url=url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
-        )
+        self.urls = split_urls(url)
+        self._failover_s = failover_s
+        self._current = 0
+        self._client = httpx.AsyncClient(headers=headers, timeout=timeout, transport=transport)
 
     async def _call(
         self, answer: type[T], method: str, path: str, body: Any = None, *, timeout: Any = _DEFAULT
     ) -> T:
         wait = self._timeout if timeout is _DEFAULT else timeout
-        try:
-            resp = await self._client.request(method, "/batches" + path, json=body, timeout=wait)
-        except httpx.TransportError as exc:
-            raise StoreUnavailable(
-                f"coordinator at {self._client.base_url} unreachable: {exc}"
-            ) from exc
-        if resp.status_code >= 400:
-            raise error_from_answer(resp.status_code, resp.content)
-        found: T = adapter(cast(Hashable, answer)).validate_json(resp.content)
-        return found
+        deadline = time.monotonic() + self._failover_s
+        for attempt in itertools.count():
+            url = self.urls[self._current]
+            try:
+                resp = await self._client.request(
+                    method, url + "/batches" + path, json=body, timeout=wait
+                )
+            except httpx.TransportError as exc:
+                failed: Exception = StoreUnavailable(f"coordinator at {url} unreachable: {exc}")
+                failed.__cause__ = exc
+            else:
+                if resp.status_code < 400:
+                    found: T = adapter(cast(Hashable, answer)).validate_json(resp.content)
+                    return found
+                failed = error_from_answer(resp.status_code, resp.content)
+                if resp.status_code != 503:
+                    raise failed
+            # a dead replica, or none leads yet: with replicas, the next one, until failover_s
+            if len(self.urls) == 1 or time.monotonic() >= deadline:
+                raise failed
+            self._current = (self._current + 1) % len(self.urls)
+            if (attempt + 1) % len(self.urls) == 0:
+                await asyncio.sleep(0.25)
+        raise AssertionError("unreachable")
 
     async def submit_batch(
         self,

@@ -133,6 +133,11 @@ class RolloutCoordinator:
             len(self._pool),
         )
 
+    def forget(self) -> None:
+        """Drop every loaded batch (another replica leads now); ``prepare`` loads them afresh."""
+        self._batches, self._locks, self._pool = {}, {}, []
+        self._finalize_count, self._served, self._prepared = 0, None, False
+
     async def shutdown(self) -> None:
         """Release what the coordinator owns (the store when it opened it from a URL)."""
         if isinstance(self._store_arg, str) and self.store is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -28,6 +29,7 @@ from rollfleet.web.serving import bearer_check
 log = logging.getLogger("rollfleet.server")
 
 Hook = Callable[[], Awaitable[None]]  # run as the app starts or stops
+Middleware = tuple[Any, dict[str, Any]]  # an ASGI middleware class and its options
 
 
 def create_app(
@@ -39,6 +41,7 @@ def create_app(
     on_startup: Sequence[Hook] = (),
     on_shutdown: Sequence[Hook] = (),
     guard: GuardConfig = GUARD,
+    middleware: Sequence[Middleware] = (),
 ) -> FastAPI:
     """Build the control plane app over ``store``; extra routers mount under their prefixes."""
 
@@ -85,6 +88,8 @@ def create_app(
 
     hot = hot_routes(store)
     app.include_router(store_router(store, hot), dependencies=auth, responses=ERROR_RESPONSES)
+    for cls, options in middleware:  # inside the hot routes and the guard
+        app.add_middleware(cls, **options)
     app.add_middleware(LeanRoutes, routes=hot, check=check)
     app.add_middleware(RequestGuard, config=guard)  # added last: outermost, ahead of LeanRoutes
     for prefix, router in routers:

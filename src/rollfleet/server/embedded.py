@@ -73,6 +73,7 @@ class ServerThread:
             routers=parts.routers,
             on_startup=parts.on_startup,
             on_shutdown=parts.on_shutdown,
+            middleware=parts.middleware,
             guard=self._guard,
         )
         config = uvicorn.Config(

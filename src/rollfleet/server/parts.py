@@ -11,17 +11,19 @@ from dataclasses import dataclass, field
 
 from fastapi import APIRouter
 
-from rollfleet.server.app import Hook
+from rollfleet.server.app import Hook, Middleware
 from rollfleet.store.base import Store
 
 
 @dataclass
 class ServerParts:
-    """Routers to mount as ``(prefix, router)`` and hooks run as the app starts and stops."""
+    """Routers to mount as ``(prefix, router)``, hooks run as the app starts and stops, and ASGI
+    middleware (inside the request guard) as ``(class, options)``."""
 
     routers: list[tuple[str, APIRouter]] = field(default_factory=list)
     on_startup: list[Hook] = field(default_factory=list)
     on_shutdown: list[Hook] = field(default_factory=list)
+    middleware: list[Middleware] = field(default_factory=list)
 
 
 PartsFactory = Callable[[Store], ServerParts]

@@ -1,0 +1,83 @@
+"""The batch coordinator among ``rollfleet serve`` replicas on one PostgreSQL database: one replica
+leads (an advisory lock), the others forward ``/batches`` to it, and when the leader is killed
+another takes over and a finalize in flight still returns the batch's result."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+from support import ServeProcess
+
+from rollfleet.client import HttpStore
+from rollfleet.coordinator import CoordinatorClient
+from rollfleet.coordinator.election import LEADER_KEY
+from rollfleet.model import AttemptStatus, Completion, RolloutResult
+
+
+@pytest.fixture
+def replicas(pg_url: str) -> Iterator[list[ServeProcess]]:
+    servers = [ServeProcess(pg_url).start(), ServeProcess(pg_url).start()]
+    yield servers
+    for server in servers:
+        server.kill()
+
+
+async def leader_of(store: HttpStore, servers: list[ServeProcess]) -> ServeProcess:
+    """The replica whose URL the election published, once one has."""
+    deadline = time.monotonic() + 30
+    while True:
+        found = await store.get_state(LEADER_KEY)
+        by_url = {s.url: s for s in servers}
+        if found and found["url"] in by_url and by_url[found["url"]].proc.poll() is None:  # type: ignore[union-attr]
+            return by_url[found["url"]]
+        assert time.monotonic() < deadline, "no replica was elected"
+        await asyncio.sleep(0.05)
+
+
+async def run_all(store: HttpStore, n: int) -> None:
+    """Claim and complete ``n`` rollouts, reward 1 each (a runner in miniature)."""
+    done = 0
+    while done < n:
+        claimed = await store.claim("w", wait_s=5.0, max_n=n)
+        items = [
+            Completion(
+                attempt_id=r.attempt.attempt_id,  # type: ignore[union-attr]
+                status=AttemptStatus.SUCCEEDED,
+                result=RolloutResult(reward=1.0),
+            )
+            for r in claimed
+        ]
+        await store.complete_many(items)
+        done += len(items)
+
+
+async def test_a_follower_forwards_and_a_new_leader_finishes_the_batch(
+    replicas: list[ServeProcess],
+) -> None:
+    urls = [s.url for s in replicas]
+    store, client = HttpStore(urls), CoordinatorClient(urls)
+    try:
+        leader = await leader_of(store, replicas)
+        follower = next(s for s in replicas if s is not leader)
+        through_follower = CoordinatorClient(follower.url)
+        info = await through_follower.submit_batch("b1", [{"q": i} for i in range(4)], "train")
+        assert info.expected_task_count == 4 and info.state.value == "running"
+        assert [b.batch_id for b in await client.list_batches()] == ["b1"]
+        await through_follower.close()
+
+        finalizing = asyncio.create_task(client.finalize_train_batch("b1"))
+        await asyncio.sleep(0)  # the finalize is sent (to whichever replica) and waits there
+        leader.kill()
+        assert await leader_of(store, replicas) is follower  # the survivor took over
+        await run_all(store, 4)
+        result = await asyncio.wait_for(finalizing, 60)
+        assert result.finished_task_count == 4 and result.metrics["reward/mean"] == 1.0
+        again = await client.finalize_train_batch("b1")  # the same result, not a second one
+        assert again.finished_task_count == 4
+        assert (await client.get_batch("b1")).state.value == "finalized"
+    finally:
+        await store.close()
+        await client.close()
