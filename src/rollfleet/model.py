@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import os
+import random
 import time
 from functools import cache
 from typing import Any, Generic, TypeVar
@@ -139,6 +140,14 @@ def check_attempt_transition(attempt_id: str, old: AttemptStatus, new: AttemptSt
         raise Conflict(f"attempt {attempt_id}: illegal transition {old.value} → {new.value}")
 
 
+class Charge(enum.IntEnum):
+    """Which retry budget an ended attempt spends (stored in ``attempts.charged``)."""
+
+    NONE = 0  # given back: the runner shut down, or an operator requeued it
+    OWN = 1  # the rollout's own failure (FAILED, TIMEOUT): spends ``max_attempts``
+    LOST = 2  # its runner died (lease lapsed, or the runner restarted): spends ``max_lost``
+
+
 class RetryDecision(str, enum.Enum):
     """What happens to a rollout whose attempt ended without success."""
 
@@ -155,6 +164,16 @@ def retry_decision(
     return RetryDecision.REQUEUE if attempts_charged < max_attempts else RetryDecision.FINISH
 
 
+def retry_delay(base_s: float, retries: int, rng: random.Random) -> float:
+    """Seconds before a rollout requeued for the ``retries``-th time may be claimed again:
+    ``base_s`` doubled per retry, capped at MAX_RETRY_DELAY_S, half of it random (jitter), so the
+    retries of rollouts lost together spread over runners and time."""
+    if base_s <= 0 or retries <= 0:
+        return 0.0
+    full = min(MAX_RETRY_DELAY_S, base_s * 2 ** min(retries - 1, 30))
+    return full / 2 + rng.uniform(0.0, full / 2)
+
+
 class Record(BaseModel):
     """Base of every record: frozen, extra fields refused."""
 
@@ -167,6 +186,8 @@ class Record(BaseModel):
 ID_PATTERN = r"^[A-Za-z0-9._:@+=-]+$"
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # the longest attempt a caller may ask for
 MAX_LEASE_S = 3600.0  # the longest a lease may run without a heartbeat
+MAX_RETRY_DELAY_S = 600.0  # the longest a requeued rollout waits before it may be claimed again
+SUSPECT_RUNNERS = 3  # lost on this many different runners in a row: a suspected poison rollout
 PRIORITY_BOUND = 2**31  # priorities are stored as 64-bit integers; callers get ±2^31
 
 
@@ -181,7 +202,16 @@ class RolloutConfig(Record):
         default=30.0, gt=0, le=MAX_LEASE_S, description="lease: lost if no heartbeat for this long"
     )
     max_attempts: int = Field(
-        default=3, ge=1, le=100, description="attempts charged before the rollout fails"
+        default=3, ge=1, le=100, description="own failures (FAILED, TIMEOUT) before it fails"
+    )
+    max_lost: int = Field(
+        default=10, ge=1, le=100, description="attempts lost with their runner before it fails"
+    )
+    retry_delay_s: float = Field(
+        default=0.5,
+        ge=0,
+        le=60,
+        description="delay before the 1st retry, doubled for each further one (with jitter)",
     )
 
 
@@ -237,6 +267,9 @@ class Rollout(Record):
     error: str | None = None
     num_attempts: int = 0
     attempts_charged: int = 0
+    attempts_lost: int = 0
+    suspect: bool = False  # lost on SUSPECT_RUNNERS different runners in a row: maybe poison
+    available_at: float = 0.0  # a requeued rollout is not claimed before this time
     attempt: Attempt | None = None
     created_at: float
     updated_at: float
@@ -347,6 +380,7 @@ class Statistics(Record):
     total_rollouts: int
     steps: int
     reward_mean: float | None = None
+    suspects: list[str] = Field(default_factory=list)  # suspected poison, not succeeded (first 20)
 
 
 T = TypeVar("T")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from rollfleet.cli.workers import host_prefix
 from rollfleet.client import HttpStore
 from rollfleet.model import RolloutSpec, RolloutStatus, WorkerStatus
 from support import ServeProcess, eventually
@@ -47,7 +48,7 @@ async def test_a_200_kib_input_succeeds_the_runner_keeps_working_and_sigint_ends
         await store.enqueue_many(specs)
         after = await store.wait_for_rollouts([s.rollout_id for s in specs], 60)
         assert [r.status for r in after] == [RolloutStatus.SUCCEEDED] * 6
-        assert {r.attempt.worker_id for r in after if r.attempt} == {"worker-0"}
+        assert {r.attempt.worker_id for r in after if r.attempt} == {f"{host_prefix()}-0"}
 
         # one long rollout is running when SIGINT arrives: it finishes within the grace period
         slow = await store.enqueue_rollout({"duration": 1.0, "pad": BIG}, rollout_id="slow")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from rollfleet.cli.workers import host_prefix
 from rollfleet.client import HttpStore
 from rollfleet.model import RolloutSpec, RolloutStatus, WorkerStatus
 from support import ServeProcess, bubblewrap, eventually
@@ -39,7 +40,7 @@ async def test_sigterm_drains_and_leaves_nothing_preparing(tmp_path: Path) -> No
         proc.send_signal(signal.SIGTERM)
         out, _ = await asyncio.to_thread(proc.communicate, timeout=90)
         assert proc.returncode == 0, out
-        assert "Starting worker-0" in out and "processing rollout" in out
+        assert f"Starting {host_prefix()}-0" in out and "processing rollout" in out  # ids name the host
         stats = await store.statistics()
         assert stats.rollouts["preparing"] == 0 and stats.rollouts["running"] == 0, stats
         assert stats.rollouts["succeeded"] + stats.rollouts["queuing"] == 40, stats

@@ -98,7 +98,7 @@ async def test_runner_killed_at_dispatch_does_not_stall_the_batch(tmp_path: Path
     store = open_sql_store(f"sqlite:///{tmp_path}/rf.db", clock=clock)
     try:
         coord = RolloutCoordinator(store, poll_interval_s=0.05, reap_interval_s=0.0)
-        await coord.submit_batch("s1", ["a", "b", "c"], config=RolloutConfig(heartbeat_s=5.0, max_attempts=3))
+        await coord.submit_batch("s1", ["a", "b", "c"], config=RolloutConfig(heartbeat_s=5.0, retry_delay_s=0))
         (dead,) = await store.claim("dead", max_n=1)  # this runner dies right after the claim
         clock.advance(10.0)  # its lease lapses: no heartbeat came
         stop = asyncio.Event()

@@ -110,6 +110,7 @@ async def test_lost_lease_requeues_and_fences_the_old_attempt(case) -> None:  # 
     report = await s.reap()
     assert old.attempt.attempt_id in report.lost and old.rollout_id in report.requeued
     assert (await s.get_rollout(old.rollout_id)).status is RolloutStatus.QUEUING
+    case.clock.advance(1)  # past its retry delay (at most retry_delay_s, 0.5 s, for a 1st retry)
     new = await claim_one(s, "w2")
     assert new.attempt.sequence == 2
     with pytest.raises(Conflict):
@@ -128,6 +129,7 @@ async def test_failures_retry_until_the_budget_is_spent(case) -> None:  # type: 
     first = await claim_one(s)
     after_first = await s.complete(first.attempt.attempt_id, AttemptStatus.FAILED, error="boom")
     assert after_first.status is RolloutStatus.QUEUING and after_first.error == "boom"
+    case.clock.advance(1)  # past its retry delay
     second = await claim_one(s)
     final = await s.complete(second.attempt.attempt_id, AttemptStatus.FAILED, error="boom again")
     assert final.status is RolloutStatus.FAILED and final.attempts_charged == 2
@@ -174,6 +176,7 @@ async def test_start_rollout_cannot_stay_preparing(case) -> None:  # type: ignor
     assert await s.claim("w2") == []
     case.clock.advance(6)  # the caller died without a heartbeat
     await s.reap()
+    case.clock.advance(1)  # past its retry delay
     rescued = await claim_one(s, "w2")
     assert rescued.rollout_id == started.rollout_id and rescued.attempt.sequence == 2
 

@@ -51,7 +51,7 @@ async def test_a_rollout_the_reaper_fails_is_read_only_once_synced(tmp_path: Pat
     gate = DiskGate()
     monkeypatch.setattr(sqlite_backend.os, "fdatasync", gate)
     try:
-        made = await store.enqueue_rollout("x", config={"heartbeat_s": 5, "max_attempts": 1})
+        made = await store.enqueue_rollout("x", config={"heartbeat_s": 5, "max_lost": 1})
         [leased] = await store.claim("w1")
         clock.advance(10)
         # a reaper pass is answered at its commit, not after a sync: this one also ends the rollout
@@ -108,11 +108,12 @@ async def test_postgres_reaper_pass_that_fails_a_rollout_commits_synchronously(p
     clock = FakeClock()
     store = open_sql_store(pg_url, clock=clock)
     try:
-        retried = await store.enqueue_rollout("x", config={"heartbeat_s": 5, "max_attempts": 2})
+        retried = await store.enqueue_rollout("x", config={"heartbeat_s": 5, "max_lost": 2})
         await store.claim("w1")
         clock.advance(10)
         report = await store.reap()  # requeued, not ended: stays an asynchronous commit
         assert report.requeued == [retried.rollout_id] and seen == []
+        clock.advance(1)  # past its retry delay
         await store.claim("w1")
         clock.advance(10)
         report = await store.reap()  # the budget is spent: FAILED, committed synchronously

@@ -65,6 +65,13 @@ class StoreMachine(RuleBasedStateMachine):
         except Conflict:
             pass  # a stale attempt is fenced: exactly what must happen
 
+    @rule(worker=st.sampled_from(["w1", "w2", "w3"]))
+    def restart(self, worker: str) -> None:
+        """The worker's process died and came back under its id: what it held is lost now."""
+        self.run(self.store.register_worker(worker))
+        page = self.run(self.store.query_attempts(status=list(ACTIVE_ATTEMPT), limit=1000))
+        assert all(a.worker_id != worker for a in page.items)
+
     @rule(seconds=st.sampled_from([1.0, 5.0, 11.0]))
     def expire(self, seconds: float) -> None:
         self.clock.advance(seconds)

@@ -53,3 +53,18 @@ def test_new_ids_start_with_the_millisecond_and_stay_unique(monkeypatch: pytest.
     assert early.startswith("ro-018bcfe56800") and early < late
     same_ms = {new_id("ro") for _ in range(1000)}  # the random tail tells apart ids of one millisecond
     assert len(same_ms) == 1000
+
+
+def test_retry_delay_doubles_is_jittered_and_capped() -> None:
+    import random
+
+    from rollfleet.model import MAX_RETRY_DELAY_S, retry_delay
+
+    rng = random.Random(1)
+    assert retry_delay(0.5, 0, rng) == 0.0 and retry_delay(0.0, 5, rng) == 0.0
+    for n in range(1, 8):
+        full = 0.5 * 2 ** (n - 1)
+        got = [retry_delay(0.5, n, rng) for _ in range(200)]
+        assert all(full / 2 <= d <= full for d in got)
+        assert max(got) - min(got) > full / 4  # spread, not one value for every rollout lost together
+    assert retry_delay(60.0, 100, rng) <= MAX_RETRY_DELAY_S

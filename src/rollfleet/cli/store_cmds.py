@@ -21,7 +21,7 @@ from rollfleet.cli.common import (
     with_store,
 )
 from rollfleet.errors import InvalidInput
-from rollfleet.model import RolloutStatus
+from rollfleet.model import SUSPECT_RUNNERS, RolloutStatus
 from rollfleet.store.base import Store
 from rollfleet.taskfile import read_specs
 
@@ -184,6 +184,11 @@ def status(store: str = StoreOpt, token: str = TokenOpt) -> None:
     console.print(rt)
     if stats.reward_mean is not None:
         console.print(f"reward mean {stats.reward_mean:.3f} · steps {stats.steps}")
+    if stats.suspects:
+        console.print(
+            f"[red]suspected poison[/red] (lost on {SUSPECT_RUNNERS}+ different runners in a row,"
+            f" not succeeded): {', '.join(stats.suspects)}"
+        )
     url = store_url(store)
     if url.startswith(("http://", "https://")):
         from rollfleet.cli.pool import pool_stats_table

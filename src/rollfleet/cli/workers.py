@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import signal
+import socket
 import time
 
 import typer
@@ -35,7 +37,12 @@ def workers(
     grace_s: float = typer.Option(
         30.0, "--grace", help="seconds running rollouts get to finish on shutdown"
     ),
-    prefix: str = typer.Option("worker", "--prefix", help="worker ids are PREFIX-0 … PREFIX-(n-1)"),
+    prefix: str = typer.Option(
+        None,
+        "--prefix",
+        help="worker ids are PREFIX-0 … PREFIX-(n-1) (default: this host's name); a worker id must"
+        " name one runner process in the whole fleet",
+    ),
     store: str = StoreOpt,
     token: str = TokenOpt,
 ) -> None:
@@ -49,6 +56,7 @@ def workers(
     if backend not in BACKENDS:
         raise typer.BadParameter("--backend must be local or ray")
     url, tok = store_url(store), token_of(token)
+    prefix = prefix or host_prefix()
     server = None
     if not url.startswith(("http://", "https://")):
         server = ServerThread(url, token=tok, parts=control_plane_parts()).start()
@@ -74,6 +82,13 @@ def workers(
     finally:
         if server is not None:
             server.stop()
+
+
+def host_prefix() -> str:
+    """This host's short name as a worker id prefix: runners on two machines never share an id
+    (a runner registering under an id takes over that id's live attempts)."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname().split(".")[0])[:60]
+    return name or "worker"
 
 
 async def _run(options: FleetOptions) -> None:

@@ -8,20 +8,18 @@ legal; the SQL repeats the guard (``WHERE status IN (…)``) so a racing writer 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from rollfleet.errors import Conflict, InvalidInput, NotFound, RollfleetError
 from rollfleet.model import (
     ACTIVE_ATTEMPT,
-    OUTCOME,
     AttemptStatus,
+    Charge,
     Completion,
     CompletionOutcome,
     HeartbeatReply,
     ReapReport,
     Resources,
-    RetryDecision,
     Rollout,
     RolloutResult,
     RolloutSpec,
@@ -29,10 +27,18 @@ from rollfleet.model import (
     StepIn,
     Worker,
     WorkerStatus,
-    check_attempt_transition,
     check_rollout_transition,
     new_id,
-    retry_decision,
+)
+from rollfleet.store.ends import (
+    End,
+    attempt_rows,
+    check_live,
+    decide_end,
+    end_attempt,
+    expire,
+    live_attempt,
+    write_ends,
 )
 from rollfleet.store.reads import get_resources, query_workers
 from rollfleet.store.records import _ids, dumps, get_rollout, get_rollouts, rollout_doc
@@ -42,8 +48,11 @@ TIMEOUT_GRACE_S = 2.0  # the runner enforces timeout_s itself; the reaper is the
 
 
 def migrate(tx: Tx) -> None:
-    """Create the schema if it is not there."""
+    """Create the schema if it is not there; add the columns a database made by an older
+    version lacks."""
     tx.script("schema")
+    if "available_at" not in {r["name"] for r in tx.all("rollout_columns")}:
+        tx.script("add_retry_columns")
 
 
 # --- enqueue and claim -------------------------------------------------------------------------
@@ -71,6 +80,8 @@ def _insert(
                 "timeout_s": spec.config.timeout_s,
                 "heartbeat_s": spec.config.heartbeat_s,
                 "max_attempts": spec.config.max_attempts,
+                "max_lost": spec.config.max_lost,
+                "retry_delay_s": spec.config.retry_delay_s,
                 "metadata": dumps(spec.metadata),
                 "now": now,
             }
@@ -139,12 +150,24 @@ def _open_attempts(
 
 def claim(tx: Tx, worker_id: str, max_n: int, now: float) -> list[dict[str, Any]]:
     """Lease up to ``max_n`` queued rollouts to a worker, highest priority first, then FIFO; as
-    documents."""
+    documents. A requeued rollout is not leased before its retry delay has passed."""
     reap(tx, now)
     claimed = sorted(
         tx.all("claim_rollouts", max_n=max_n, now=now), key=lambda r: (-r["priority"], r["seq"])
     )
     return _open_attempts(tx, claimed, worker_id, now)
+
+
+def claim_or_next(
+    tx: Tx, worker_id: str, max_n: int, now: float
+) -> tuple[list[dict[str, Any]], float | None]:
+    """``claim``; when nothing could be leased, also when the first rollout held back by its
+    retry delay becomes claimable (None if none is), so a waiting claim wakes for it."""
+    got = claim(tx, worker_id, max_n, now)
+    if got:
+        return got, None
+    row = tx.one("next_available", now=now)
+    return got, None if row is None else row["at"]
 
 
 def start_rollout(tx: Tx, spec: RolloutSpec, worker_id: str | None, now: float) -> Rollout:
@@ -184,27 +207,9 @@ def heartbeat(
     return replies
 
 
-def _live_attempt(tx: Tx, attempt_id: str) -> Row:
-    return _check_live(_attempt_rows(tx, [attempt_id]).get(attempt_id), attempt_id)
-
-
-def _check_live(row: Row | None, attempt_id: str) -> Row:
-    if row is None:
-        raise NotFound(f"attempt {attempt_id} not found")
-    if (
-        AttemptStatus(row["status"]) not in ACTIVE_ATTEMPT
-        or row["current_attempt_id"] != attempt_id
-    ):
-        raise Conflict(
-            f"attempt {attempt_id} is {row['status']}: "
-            f"it no longer owns rollout {row['rollout_id']}"
-        )
-    return row
-
-
 def add_steps(tx: Tx, attempt_id: str, steps: Sequence[StepIn], now: float) -> int:
     """Append trajectory steps from the attempt that owns the rollout; refused from any other."""
-    row = _live_attempt(tx, attempt_id)
+    row = live_attempt(tx, attempt_id)
     if not steps:
         return 0
     last = tx.one("bump_steps", rollout_id=row["rollout_id"], n=len(steps))
@@ -226,108 +231,6 @@ def add_steps(tx: Tx, attempt_id: str, steps: Sequence[StepIn], now: float) -> i
     return len(steps)
 
 
-@dataclass(frozen=True)
-class _End:
-    """A decided end of one live attempt, not yet written."""
-
-    row: Row
-    outcome: AttemptStatus
-    new: RolloutStatus
-    charges: int
-    result: RolloutResult | None = None
-    error: str | None = None
-
-
-def _decide_end(
-    row: Row,
-    outcome: AttemptStatus,
-    *,
-    result: RolloutResult | None = None,
-    error: str | None = None,
-    charged: bool = True,
-) -> _End:
-    """Check the transitions and apply the retry policy to one live attempt (nothing is written)."""
-    check_attempt_transition(row["attempt_id"], AttemptStatus(row["status"]), outcome)
-    charges = int(charged)
-    decision = retry_decision(outcome, row["attempts_charged"] + charges, row["max_attempts"])
-    new = RolloutStatus.QUEUING if decision is RetryDecision.REQUEUE else OUTCOME[outcome]
-    check_rollout_transition(row["rollout_id"], RolloutStatus(row["rollout_status"]), new)
-    return _End(row, outcome, new, charges, result, error)
-
-
-def _write_ends(tx: Tx, ends: Sequence[_End], now: float) -> None:
-    """Write decided ends set-wise; Conflict (undo the enclosing savepoint) if any row changed
-    meanwhile."""
-    if not ends:
-        return
-    what = (
-        f"attempt {ends[0].row['attempt_id']}" if len(ends) == 1 else f"one of {len(ends)} attempts"
-    )
-    changed = tx.many(
-        "finish_attempt",
-        [
-            {
-                "attempt_id": e.row["attempt_id"],
-                "status": e.outcome.value,
-                "now": now,
-                "error": e.error,
-                "charged": e.charges,
-            }
-            for e in ends
-        ],
-    )
-    if changed != len(ends):
-        raise Conflict(f"{what} was ended by someone else")
-    changed = tx.many(
-        "finish_rollout",
-        [
-            {
-                "rollout_id": e.row["rollout_id"],
-                "attempt_id": e.row["attempt_id"],
-                "status": e.new.value,
-                "now": now,
-                "result": None if e.result is None else e.result.model_dump_json(),
-                "reward": None if e.result is None else e.result.reward,
-                "error": e.error,
-                "charged": e.charges,
-                "finished_at": None if e.new is RolloutStatus.QUEUING else now,
-            }
-            for e in ends
-        ],
-    )
-    if changed != len(ends):
-        raise Conflict(f"the rollout of {what} changed under it")
-    counts: dict[str, list[int]] = {}
-    for e in ends:
-        if e.row.get("worker_id") and e.new.terminal:
-            counts.setdefault(e.row["worker_id"], [0, 0])[e.new is not RolloutStatus.SUCCEEDED] += 1
-    tx.many(
-        "count_worker_outcome",
-        [{"worker_id": w, "succeeded": ok, "failed": bad} for w, (ok, bad) in counts.items()],
-    )
-    if any(e.new is RolloutStatus.QUEUING for e in ends):
-        tx.run("notify_queued")
-    if any(e.new.terminal for e in ends):
-        tx.run("notify_finished")
-
-
-def _end_attempt(
-    tx: Tx,
-    row: Row,
-    outcome: AttemptStatus,
-    now: float,
-    *,
-    result: RolloutResult | None = None,
-    error: str | None = None,
-    charged: bool = True,
-) -> RolloutStatus:
-    """End one live attempt and move its rollout by the retry policy; returns the rollout's new
-    status."""
-    end = _decide_end(row, outcome, result=result, error=error, charged=charged)
-    _write_ends(tx, [end], now)
-    return end.new
-
-
 COMPLETE_STATUSES = frozenset(
     {
         AttemptStatus.SUCCEEDED,
@@ -340,14 +243,8 @@ COMPLETE_STATUSES = frozenset(
 Answer = tuple[str, RolloutStatus] | RollfleetError
 
 
-def _attempt_rows(tx: Tx, attempt_ids: Sequence[str]) -> dict[str, Row]:
-    return {
-        row["attempt_id"]: row for row in tx.all("select_attempts_by_ids", ids=_ids(attempt_ids))
-    }
-
-
 def _decide_completion(
-    row: Row | None, item: Completion, ends: list[_End]
+    row: Row | None, item: Completion, ends: list[End]
 ) -> tuple[str, RolloutStatus]:
     if item.status not in COMPLETE_STATUSES:
         raise InvalidInput(
@@ -357,8 +254,8 @@ def _decide_completion(
         row is not None and AttemptStatus(row["status"]) == item.status
     ):  # a retry of a completion already applied
         return row["rollout_id"], RolloutStatus(row["rollout_status"])
-    end = _decide_end(
-        _check_live(row, item.attempt_id), item.status, result=item.result, error=item.error
+    end = decide_end(
+        check_live(row, item.attempt_id), item.status, result=item.result, error=item.error
     )
     ends.append(end)
     return end.row["rollout_id"], end.new
@@ -373,15 +270,15 @@ def _complete_all(tx: Tx, items: Sequence[Completion], now: float) -> list[Answe
     ids = [item.attempt_id for item in items]
     if len(set(ids)) != len(ids):
         raise Conflict("the same attempt appears twice in one batch of completions")
-    rows = _attempt_rows(tx, ids)
+    rows = attempt_rows(tx, ids)
     answers: list[Answer] = []
-    ends: list[_End] = []
+    ends: list[End] = []
     for item in items:
         try:
             answers.append(_decide_completion(rows.get(item.attempt_id), item, ends))
         except RollfleetError as exc:
             answers.append(exc)
-    _write_ends(tx, ends, now)
+    write_ends(tx, ends, now)
     return answers
 
 
@@ -428,8 +325,8 @@ def complete_many(tx: Tx, items: Sequence[Completion], now: float) -> list[Compl
 
 def release(tx: Tx, attempt_id: str, reason: str, now: float) -> Rollout:
     """Give a live attempt's rollout back to the queue without charging its retry budget."""
-    row = _live_attempt(tx, attempt_id)
-    _end_attempt(tx, row, AttemptStatus.LOST, now, error=reason, charged=False)
+    row = live_attempt(tx, attempt_id)
+    end_attempt(tx, row, AttemptStatus.LOST, now, error=reason, charge=Charge.NONE)
     return get_rollout(tx, row["rollout_id"])
 
 
@@ -443,8 +340,8 @@ def cancel(tx: Tx, rollout_id: str, now: float) -> Rollout:
         return rollout
     check_rollout_transition(rollout_id, rollout.status, RolloutStatus.CANCELLED)
     if rollout.attempt is not None and rollout.attempt.status in ACTIVE_ATTEMPT:
-        row = _live_attempt(tx, rollout.attempt.attempt_id)
-        _end_attempt(tx, row, AttemptStatus.CANCELLED, now, error="cancelled")
+        row = live_attempt(tx, rollout.attempt.attempt_id)
+        end_attempt(tx, row, AttemptStatus.CANCELLED, now, error="cancelled")
     else:
         tx.run(
             "finish_rollout",
@@ -455,7 +352,10 @@ def cancel(tx: Tx, rollout_id: str, now: float) -> Rollout:
             result=None,
             reward=None,
             error="cancelled",
-            charged=0,
+            charged_own=0,
+            charged_lost=0,
+            available_at=now,
+            suspect=0,
             finished_at=now,
         )
         tx.run("notify_finished")
@@ -484,8 +384,10 @@ def requeue(
     )
     ids = [r["rollout_id"] for r in rows]
     for live in tx.all("active_attempts_of", ids=_ids(ids)):
-        row = _live_attempt(tx, live["attempt_id"])
-        _end_attempt(tx, row, AttemptStatus.LOST, now, error="requeued by operator", charged=False)
+        row = live_attempt(tx, live["attempt_id"])
+        end_attempt(
+            tx, row, AttemptStatus.LOST, now, error="requeued by operator", charge=Charge.NONE
+        )
     return ids
 
 
@@ -494,22 +396,22 @@ def reap(tx: Tx, now: float) -> ReapReport:
     budget."""
     report: dict[str, list[str]] = {"lost": [], "timed_out": [], "requeued": [], "failed": []}
     expired = tx.all("expired_attempts", now=now, grace=TIMEOUT_GRACE_S)
-    rows = _attempt_rows(tx, [e["attempt_id"] for e in expired]) if expired else {}
-    ends = []
-    for e in expired:
-        outcome = AttemptStatus(e["outcome"])
-        reason = (
-            "lease expired: no heartbeat" if outcome is AttemptStatus.LOST else "timeout_s exceeded"
-        )
-        end = _decide_end(
-            _check_live(rows.get(e["attempt_id"]), e["attempt_id"]), outcome, error=reason
-        )
-        ends.append(end)
-        report["lost" if outcome is AttemptStatus.LOST else "timed_out"].append(e["attempt_id"])
-        report["requeued" if end.new is RolloutStatus.QUEUING else "failed"].append(e["rollout_id"])
-    _write_ends(tx, ends, now)
-    if report["failed"]:  # a rollout ended: never visible before it is on disk
-        tx.commit_durably()
+    for end in expire(
+        tx,
+        {
+            e["attempt_id"]: (
+                (AttemptStatus.LOST, "lease expired: no heartbeat")
+                if e["outcome"] == AttemptStatus.LOST.value
+                else (AttemptStatus.TIMEOUT, "timeout_s exceeded")
+            )
+            for e in expired
+        },
+        now,
+    ):
+        lost = end.outcome is AttemptStatus.LOST
+        report["lost" if lost else "timed_out"].append(end.row["attempt_id"])
+        queued = end.new is RolloutStatus.QUEUING
+        report["requeued" if queued else "failed"].append(end.row["rollout_id"])
     offline = [r["worker_id"] for r in tx.all("stale_workers", now=now)]
     return ReapReport(workers_offline=offline, **report)
 
@@ -520,7 +422,15 @@ def reap(tx: Tx, now: float) -> ReapReport:
 def register_worker(
     tx: Tx, worker_id: str, metadata: dict[str, Any], lease_s: float, now: float
 ) -> Worker:
-    """Create or revive a worker row as IDLE."""
+    """Create or revive a worker row as IDLE.
+
+    One process holds a worker id at a time, so attempts still live under this id belonged to a
+    process that died (a runner restarted after SIGKILL, preemption, the OOM killer): they are
+    LOST now, and their rollouts requeued, rather than when their leases lapse.
+    """
+    live = tx.all("live_attempts_of_worker", worker_id=worker_id)
+    reason = f"lost with runner {worker_id}: it restarted"
+    expire(tx, {r["attempt_id"]: (AttemptStatus.LOST, reason) for r in live}, now)
     tx.run("upsert_worker", worker_id=worker_id, metadata=dumps(metadata), lease_s=lease_s, now=now)
     return query_workers(tx, worker_id, None, 1).items[0]
 

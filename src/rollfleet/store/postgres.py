@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from rollfleet.errors import Conflict, RollfleetError, StoreUnavailable
 from rollfleet.store import queries
+from rollfleet.store.ops import migrate
 from rollfleet.store.tx import Row
 
 if TYPE_CHECKING:
@@ -106,7 +107,7 @@ class PostgresBackend:
             self._pool.wait(timeout=30)
             with self._pool.connection() as conn:
                 conn.execute("SELECT pg_advisory_xact_lock(7740113)")  # one migrator at a time
-                PostgresTx(conn).script("schema")
+                migrate(PostgresTx(conn))
         except psycopg.Error as exc:
             raise StoreUnavailable(f"cannot reach PostgreSQL at {url}: {exc}") from exc
         except Exception as exc:  # psycopg_pool.PoolTimeout and friends

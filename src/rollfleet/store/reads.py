@@ -215,6 +215,7 @@ def statistics(tx: Tx) -> Statistics:
     workers.update({r["status"]: int(r["n"]) for r in tx.all("count_workers_by_status")})
     totals = tx.one("rollout_totals") or {}
     mean = totals.get("reward_mean")
+    suspects = tx.all("suspect_rollouts") if totals.get("suspects") else []
     return Statistics(
         rollouts=rollouts,
         workers=workers,
@@ -222,6 +223,7 @@ def statistics(tx: Tx) -> Statistics:
         total_rollouts=sum(rollouts.values()),
         steps=int(totals.get("steps") or 0),
         reward_mean=None if mean is None else float(mean),
+        suspects=[r["rollout_id"] for r in suspects],
     )
 
 

@@ -220,15 +220,17 @@ class SqlStore:
                 return []
             waited = True
             event = self._queued.current()
-            got = await self.backend.write(
-                ops.claim, worker_id, max_n, self._clock(), durable=False
+            now = self._clock()
+            got, next_at = await self.backend.write(
+                ops.claim_or_next, worker_id, max_n, now, durable=False
             )
             if got:
                 self._changed.notify()
             remaining = deadline - time.monotonic()
             if got or remaining <= 0:
                 return got
-            await _wait(event, min(remaining, FALLBACK_POLL_S))
+            held_back = FALLBACK_POLL_S if next_at is None else max(0.0, next_at - now) + 0.001
+            await _wait(event, min(remaining, FALLBACK_POLL_S, held_back))
 
     async def heartbeat(self, attempt_id: str) -> HeartbeatReply:
         """Extend an attempt's lease; the reply says whether to keep going."""

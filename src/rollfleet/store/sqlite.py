@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 
 from rollfleet.errors import Conflict, RollfleetError, StoreUnavailable
 from rollfleet.store import ops, queries
+from rollfleet.store.ops import migrate
 from rollfleet.store.tx import Row
 
 log = logging.getLogger("rollfleet.store")
@@ -133,7 +134,7 @@ class SqliteBackend:
         self._readers = ThreadPoolExecutor(
             max_workers=2, thread_name_prefix="rollfleet-sqlite-read"
         )
-        SqliteTx(self._writer_conn).script("schema")
+        migrate(SqliteTx(self._writer_conn))
         self._flushes: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._flusher = threading.Thread(
             target=self._flush_loop, name="rollfleet-sqlite-flush", daemon=True

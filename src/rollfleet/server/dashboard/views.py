@@ -27,6 +27,7 @@ def rollout_row(r: Rollout) -> dict[str, Any]:
         "batch_id": r.batch_id,
         "group_id": r.group_id,
         "attempts": r.num_attempts,
+        "suspect": r.suspect,
         "worker_id": att.worker_id if att else None,
         "created_at": r.created_at,
         "updated_at": r.updated_at,

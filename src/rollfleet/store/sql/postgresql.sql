@@ -21,6 +21,11 @@ CREATE TABLE IF NOT EXISTS rollouts (
     error TEXT,
     num_attempts INTEGER NOT NULL DEFAULT 0,
     attempts_charged INTEGER NOT NULL DEFAULT 0,
+    attempts_lost INTEGER NOT NULL DEFAULT 0,
+    max_lost INTEGER NOT NULL DEFAULT 10,
+    retry_delay_s DOUBLE PRECISION NOT NULL DEFAULT 0,
+    available_at DOUBLE PRECISION NOT NULL DEFAULT 0,
+    suspect INTEGER NOT NULL DEFAULT 0,
     num_steps INTEGER NOT NULL DEFAULT 0,
     current_attempt_id TEXT,
     created_at DOUBLE PRECISION NOT NULL,
@@ -90,9 +95,10 @@ CREATE TABLE IF NOT EXISTS kv (
 
 -- name: insert_rollout
 INSERT INTO rollouts (rollout_id, input, mode, status, priority, batch_id, group_id, config, timeout_s,
-                      heartbeat_s, max_attempts, metadata, created_at, updated_at)
+                      heartbeat_s, max_attempts, max_lost, retry_delay_s, metadata, created_at,
+                      updated_at)
 VALUES (:rollout_id, :input, :mode, :status, :priority, :batch_id, :group_id, :config, :timeout_s,
-        :heartbeat_s, :max_attempts, :metadata, :now, :now)
+        :heartbeat_s, :max_attempts, :max_lost, :retry_delay_s, :metadata, :now, :now)
 ON CONFLICT (rollout_id) DO NOTHING;
 
 -- name: select_rollouts_by_ids
@@ -138,7 +144,8 @@ UPDATE rollouts r
 SET status = 'preparing', num_attempts = r.num_attempts + 1, updated_at = :now,
     current_attempt_id = 'at-' || lpad(to_hex(floor(:now * 1000)::bigint), 12, '0')
                          || substr(md5(random()::text || clock_timestamp()::text), 1, 16)
-FROM (SELECT seq FROM rollouts WHERE status = 'queuing' ORDER BY priority DESC, seq
+FROM (SELECT seq FROM rollouts WHERE status = 'queuing' AND available_at <= :now
+      ORDER BY priority DESC, seq
       LIMIT :max_n FOR UPDATE SKIP LOCKED) q
 WHERE r.seq = q.seq
 RETURNING r.*;
@@ -155,7 +162,7 @@ VALUES (:attempt_id, :rollout_id, :sequence, :worker_id, 'preparing', :now, :lea
 
 -- name: select_attempts_by_ids
 SELECT a.*, r.status AS rollout_status, r.current_attempt_id, r.max_attempts, r.attempts_charged,
-       r.heartbeat_s
+       r.heartbeat_s, r.max_lost, r.attempts_lost, r.retry_delay_s
 FROM attempts a JOIN rollouts r ON r.rollout_id = a.rollout_id
 WHERE a.attempt_id IN (SELECT json_array_elements_text(:ids::json))
 ORDER BY a.attempt_id
@@ -184,10 +191,36 @@ WHERE attempt_id = :attempt_id AND status IN ('preparing', 'running');
 -- name: finish_rollout
 UPDATE rollouts
 SET status = :status, result = COALESCE(:result::text, result), reward = COALESCE(:reward::float8, reward),
-    error = :error, attempts_charged = attempts_charged + :charged, updated_at = :now,
+    error = :error, attempts_charged = attempts_charged + :charged_own,
+    attempts_lost = attempts_lost + :charged_lost, available_at = :available_at,
+    suspect = GREATEST(suspect, :suspect), updated_at = :now,
     finished_at = :finished_at::float8
 WHERE rollout_id = :rollout_id AND status IN ('queuing', 'preparing', 'running')
   AND (:attempt_id::text IS NULL OR current_attempt_id = :attempt_id::text);
+
+-- name: rollout_columns
+SELECT column_name AS name FROM information_schema.columns
+WHERE table_name = 'rollouts' AND table_schema = current_schema();
+
+-- name: add_retry_columns
+-- A database made before retry scheduling (issue 21) gets its columns; new ones have them already.
+ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS attempts_lost INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS max_lost INTEGER NOT NULL DEFAULT 10;
+ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS retry_delay_s DOUBLE PRECISION NOT NULL DEFAULT 0;
+ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS available_at DOUBLE PRECISION NOT NULL DEFAULT 0;
+ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS suspect INTEGER NOT NULL DEFAULT 0;
+
+-- name: recent_attempts
+-- The latest attempts of one rollout, newest first: its streak of attempts lost with their runner.
+SELECT worker_id, status, charged FROM attempts WHERE rollout_id = :rollout_id
+ORDER BY sequence DESC LIMIT 10;
+
+-- name: live_attempts_of_worker
+SELECT attempt_id FROM attempts WHERE worker_id = :worker_id AND status IN ('preparing', 'running');
+
+-- name: next_available
+-- When the first rollout held back by its retry delay may be claimed (NULL: none is held back).
+SELECT MIN(available_at) AS at FROM rollouts WHERE status = 'queuing' AND available_at > :now;
 
 -- name: expired_attempts
 -- Two index range scans (lapsed leases, passed deadlines), never a scan of every live attempt.
@@ -287,7 +320,12 @@ SELECT status, COUNT(*) AS n FROM rollouts GROUP BY status;
 SELECT status, COUNT(*) AS n FROM workers GROUP BY status;
 
 -- name: rollout_totals
-SELECT COALESCE(SUM(num_steps), 0) AS steps, AVG(reward) AS reward_mean FROM rollouts;
+SELECT COALESCE(SUM(num_steps), 0) AS steps, AVG(reward) AS reward_mean,
+       COALESCE(SUM(CASE WHEN suspect = 1 AND status != 'succeeded' THEN 1 ELSE 0 END), 0) AS suspects
+FROM rollouts;
+
+-- name: suspect_rollouts
+SELECT rollout_id FROM rollouts WHERE suspect = 1 AND status != 'succeeded' ORDER BY seq DESC LIMIT 20;
 
 -- name: notify_queued
 SELECT pg_notify('rollfleet_queued', '');

@@ -61,7 +61,8 @@ function render(body, r, attempts, steps, reload) {
     ["batch", r.batch_id || "–"],
     ["group", r.group_id || "–"],
     ["priority", r.priority],
-    ["attempts", `${r.num_attempts} (charged ${r.attempts_charged} of ${r.config.max_attempts})`],
+    ["attempts", `${r.num_attempts} (failed ${r.attempts_charged} of ${r.config.max_attempts}, lost with their runner ${r.attempts_lost} of ${r.config.max_lost})`],
+    r.suspect ? ["suspect", h("span", { class: "badge s-failed", id: "suspect", title: "lost on several different runners in a row: it may be what kills them" }, "suspected poison")] : null,
     ["created", fmtDateTime(r.created_at)],
     ["finished", fmtDateTime(r.finished_at)],
     ["reward", r.result && r.result.reward !== null ? fmtNum(r.result.reward) : "–"],
@@ -80,7 +81,7 @@ function render(body, r, attempts, steps, reload) {
   clear(
     body,
     h("div", { class: "title-row" }, h("h1", { class: "mono" }, r.rollout_id, copyButton(r.rollout_id)), active ? h("button", { class: "danger", id: "cancel-rollout", onclick: cancel }, "Cancel rollout") : null),
-    h("dl", { class: "facts" }, facts.map(([k, v]) => [h("dt", {}, k), h("dd", { dataset: { fact: k } }, v)])),
+    h("dl", { class: "facts" }, facts.filter(Boolean).map(([k, v]) => [h("dt", {}, k), h("dd", { dataset: { fact: k } }, v)])),
     r.error ? h("pre", { class: "error-box" }, r.error) : null,
     h("h2", {}, "Input"),
     json(r.input),

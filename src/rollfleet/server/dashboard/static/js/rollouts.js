@@ -64,7 +64,7 @@ export function mount(root, { params, live }) {
       h("td", { class: "status", title: r.error || null }, badge(r.status)),
       h("td", {}, r.mode || "–"),
       h("td", { class: "batch" }, idText(r.batch_id)),
-      h("td", { class: "num" }, r.attempts),
+      h("td", { class: "num" }, r.attempts, r.suspect ? h("span", { class: "badge s-failed suspect", title: "suspected poison: lost on several different runners in a row" }, "!") : null),
       h("td", { class: "worker" }, idText(r.worker_id)),
       h("td", {}, fmtTime(r.started_at || r.created_at)),
       h("td", { class: "num" }, fmtDuration(duration(r, now))),
