@@ -2,6 +2,12 @@
 
 Each actor runs one ``Runner`` on its own thread from its constructor, so an actor that Ray
 restarts resumes claiming by itself. Their rollouts' leases expire and the reaper requeues them.
+
+Ray restarts a dead actor at once, as often as it dies. The local supervisor's policy
+(``local.restart_delay``) applies to it too: each incarnation records in the store's state, under
+``ray-runner/<worker_id>``, when it started and how many rollouts its worker had finished by
+then; a restarted actor reads that back, and backs off (0.5 s, 1 s, ... 30 s) only when the
+incarnation before it died without progress: no rollout finished and less than 60 s of life.
 """
 
 from __future__ import annotations
@@ -11,11 +17,62 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rollfleet.errors import RollfleetError
 
 log = logging.getLogger("rollfleet.runner")
+
+STATE_PREFIX = "ray-runner/"
+
+
+def restart_decision(previous: dict[str, Any] | None, finished: int, now: float) -> dict[str, Any]:
+    """How long a restarted runner actor waits and why, from what the incarnation before it
+    recorded (``previous``) and its worker's finished rollouts now (the supervisor's policy)."""
+    from rollfleet.runner.local import _Child, restart_delay
+
+    prev = previous or {}
+    progress = max(0, finished - int(prev.get("finished", 0)))
+    child = _Child("", restarts=int(prev.get("restarts", 0)), finished=progress)
+    delay, reason = restart_delay(child, now - float(prev.get("started_at", now)))
+    return {"delay_s": delay, "reason": reason, "restarts": child.restarts}
+
+
+async def _finished(store: Any, worker_id: str) -> int:
+    """Rollouts ``worker_id`` has finished (succeeded or failed) according to the store."""
+    cursor = None
+    while True:
+        page = await store.query_workers(cursor=cursor)
+        for worker in page.items:
+            if worker.worker_id == worker_id:
+                return int(worker.rollouts_succeeded + worker.rollouts_failed)
+        cursor = page.next_cursor
+        if not page.items or cursor is None:
+            return 0
+
+
+async def begin_incarnation(
+    store: Any,
+    worker_id: str,
+    reconstructed: bool,
+    wait: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+) -> dict[str, Any] | None:
+    """Back off as the previous incarnation deserves (when Ray restarted this actor), then
+    record this one's start; returns the decision (None for a first start)."""
+    key = STATE_PREFIX + worker_id
+    decision = None
+    restarts = 0
+    if reconstructed:
+        finished = await _finished(store, worker_id)
+        decision = restart_decision(await store.get_state(key), finished, time.time())
+        restarts, delay = decision["restarts"], decision["delay_s"]
+        log.warning("%s: restarted by Ray; %s (in %.1f s)", worker_id, decision["reason"], delay)
+        await wait(delay)
+    record = {"started_at": time.time(), "finished": await _finished(store, worker_id)}
+    await store.put_state(key, {**record, "restarts": restarts, "last": decision})
+    return decision
 
 
 class RunnerActor:
@@ -24,14 +81,19 @@ class RunnerActor:
     def __init__(
         self,
         store_url: str,
-        agent: str,
+        agent: str | Callable[..., Any],
         worker_id: str,
         concurrency: int,
         token: str | None,
         grace_s: float,
     ) -> None:
+        import ray
+
         from rollfleet.runner.agent import load_agent
 
+        begin = self._begin(store_url, token, worker_id, ray.get_runtime_context())
+        with ThreadPoolExecutor(1) as apart:  # Ray runs this constructor inside an event loop
+            apart.submit(asyncio.run, begin).result()
         load_agent(agent)  # fail the actor's construction, visibly, for a broken agent
         self.worker_id = worker_id
         self._args = (store_url, agent, worker_id, concurrency, token, grace_s)
@@ -40,6 +102,23 @@ class RunnerActor:
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._main, daemon=True, name=f"runner-{worker_id}")
         self._thread.start()
+
+    @staticmethod
+    async def _begin(
+        store_url: str, token: str | None, worker_id: str, context: Any
+    ) -> dict[str, Any] | None:
+        from rollfleet.client import connect
+
+        store = connect(store_url, token=token)
+        try:
+            return await begin_incarnation(
+                store, worker_id, bool(context.was_current_actor_reconstructed)
+            )
+        except Exception as exc:  # noqa: BLE001 - the policy is best effort; the runner reports
+            log.warning("%s: restart policy skipped, the store did not answer: %s", worker_id, exc)
+            return None
+        finally:
+            await store.close()
 
     def _main(self) -> None:
         asyncio.run(self._run())
@@ -70,11 +149,24 @@ class RunnerActor:
 
         return os.getpid()
 
+    def node_id(self) -> str:
+        """The Ray node this actor runs on."""
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+
     def stop(self, timeout: float = 60.0) -> bool:
         """Drain the runner and wait for it to stop."""
         if self._loop is not None and self._runner is not None:
             self._loop.call_soon_threadsafe(self._runner.stop)
         return self._done.wait(timeout)
+
+
+def runner_actor_class(cpus: float) -> Any:
+    """RunnerActor as a Ray actor class: ``cpus`` each, spread over nodes, restarted by Ray."""
+    import ray
+
+    return ray.remote(num_cpus=cpus, max_restarts=-1, scheduling_strategy="SPREAD")(RunnerActor)
 
 
 class RayFleet:
@@ -125,9 +217,7 @@ class RayFleet:
                     num_cpus=max(2, int(self.n * self.cpus) + 1),
                     object_store_memory=100 * 1024 * 1024,
                 )
-        cls = ray.remote(num_cpus=self.cpus, max_restarts=-1, scheduling_strategy="SPREAD")(
-            RunnerActor
-        )
+        cls = runner_actor_class(self.cpus)
         for i in range(self.n):
             worker_id = f"{self.prefix}-{i}"
             self.actors[worker_id] = cls.options(
