@@ -6,10 +6,13 @@ answering with the leader's status and body. Between leaders (the old one died, 
 taken over yet) it waits up to ``wait_s`` for one, serving the request itself if this replica is
 elected meanwhile, and then answers 503 ``StoreUnavailable``: clients retry that. A request that
 was already forwarded once is never forwarded again (no loops through a stale leader record).
+A batch request cut off by this replica's shutdown (a finalize waiting here, served or forwarded)
+is answered 503 rather than uvicorn's 500, so the client sends it to another replica.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -39,7 +42,25 @@ class LeaderForwarding:
         """Serve locally when leading (or not a batch request), else forward."""
         path = scope.get("path", "")
         here = scope["type"] != "http" or not (path == PREFIX or path.startswith(PREFIX + "/"))
-        if here or self.election.is_leader:
+        if here:
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await self._batches(scope, receive, tracked)
+        except asyncio.CancelledError:  # this replica is shutting down: clients retry a 503
+            if not started:
+                await _unavailable(send, "this control-plane replica is shutting down; retry")
+            raise
+
+    async def _batches(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.election.is_leader:
             await self.app(scope, receive, send)
             return
         body = await _read_body(receive)
@@ -58,9 +79,7 @@ class LeaderForwarding:
                     await _answer(send, answer.status_code, answer.content, answer.headers)
                     return
             if time.monotonic() >= deadline:
-                message = "no batch coordinator leads now (a replica takes over shortly); retry"
-                content = orjson.dumps({"error": "StoreUnavailable", "message": message})
-                await _answer(send, 503, content, {"content-type": "application/json"})
+                await _unavailable(send, "no batch coordinator leads now (one takes over shortly)")
                 return
             await self.election.changed(0.25)
 
@@ -106,6 +125,11 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return message
 
     return replay
+
+
+async def _unavailable(send: Send, message: str) -> None:
+    content = orjson.dumps({"error": "StoreUnavailable", "message": f"{message}; retry"})
+    await _answer(send, 503, content, {"content-type": "application/json"})
 
 
 async def _answer(send: Send, status: int, content: bytes, headers: Any) -> None:
