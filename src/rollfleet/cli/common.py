@@ -20,8 +20,8 @@ console = Console()
 StoreOpt = typer.Option(
     None,
     "--store",
-    help="store URL: http(s)://server, sqlite:///file.db or postgresql://… "
-    "(default: ROLLFLEET_STORE, else the embedded store)",
+    help="store URL: http(s)://server (replicas: http://a,http://b, failed over between), "
+    "sqlite:///file.db or postgresql://… (default: ROLLFLEET_STORE, else the embedded store)",
 )
 TokenOpt = typer.Option(None, "--token", help="bearer token (default: ROLLFLEET_TOKEN)")
 
