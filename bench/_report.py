@@ -301,6 +301,20 @@ def train_rows(d: dict[str, Any]) -> list[str]:
     return rows
 
 
+def chaos_rows(d: dict[str, Any]) -> list[str]:
+    calm, chaos = d["sides"]["calm"], d["sides"]["chaos"]
+
+    def cell(s: dict[str, Any]) -> str:
+        t = s["throughput_per_s"]
+        return f"{t['median']:.1f} [{t['min']:.1f}–{t['max']:.1f}]/s"
+
+    return [f"| chaos | rollouts/s, 1,000 sleep rollouts (0.2–1.5 s) on 4 runners x 4, a runner SIGKILLed every "
+            f"~2 s (random) and the server restarted once, vs the same run without kills, median [range] of "
+            f"{d['settings']['rounds']} alternating rounds; failed / succeeded twice: "
+            f"{sum(chaos['failed'])} / {sum(chaos['succeeded_twice'])} | {cell(chaos)} | {cell(calm)} (no kills) | "
+            f"{d['chaos_vs_calm']:.2f}× (goal ≥ 0.5) |"]
+
+
 SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
     ("store_throughput", store_rows), ("end_to_end", e2e_rows), ("pool", pool_rows), ("engines", engine_rows),
     ("stragglers", straggler_rows), ("dashboard", dashboard_rows), ("cluster", cluster_rows), ("run", run_rows), ("weights", weights_rows),
@@ -308,6 +322,7 @@ SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
     ("weights_delta", weights_delta_rows),
     ("wire_parse", wire_rows), ("refactor_ab", ab_rows), ("sandbox", sandbox_rows),
     ("train_sched", train_sched_rows), ("train_step", train_step_rows), ("train", train_rows),
+    ("chaos", chaos_rows),
 ]
 
 

@@ -9,6 +9,8 @@ import socket
 
 import pytest
 
+from rollfleet.testing import ServeProcess, free_port  # noqa: F401  (re-exported to tests)
+
 REQUIRE_ALL = os.environ.get("ROLLFLEET_REQUIRE_ALL") == "1"
 
 
@@ -40,13 +42,6 @@ def bubblewrap() -> None:
     require(shutil.which("bwrap") is not None, "bubblewrap (apt-get install bubblewrap)")
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def eventually(check, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):  # type: ignore[no-untyped-def]
     """Re-check an async ``check()`` until it returns something truthy; fail after ``timeout``.
 
@@ -63,55 +58,6 @@ async def eventually(check, timeout: float = 30.0, interval: float = 0.05, what:
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(interval)
-
-
-class ServeProcess:
-    """``rollfleet serve`` in a subprocess on a free loopback port (killed by the test)."""
-
-    def __init__(self, db_url: str, *extra: str, port: int | None = None) -> None:
-        import subprocess
-        import sys
-
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.args = [sys.executable, "-m", "rollfleet.cli", "serve", "--db", db_url, "--port", str(self.port), *extra]
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._popen = subprocess.Popen
-
-    def start(self, timeout: float = 60.0) -> ServeProcess:
-        """Start and wait for /health."""
-        import subprocess
-        import time
-
-        import httpx
-
-        self.proc = self._popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}: {' '.join(self.args)}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                time.sleep(0.05)
-        raise RuntimeError("server did not become healthy")
-
-    def kill(self) -> None:
-        """SIGKILL the server and reap it."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-    def stop(self) -> None:
-        """SIGTERM the server and wait."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except Exception:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def next_token_logprobs(path: object, prompts: list[str]) -> list:

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 import threading
 import time
+
+import httpx
 
 
 class FakeClock:
@@ -23,3 +28,63 @@ class FakeClock:
         with self._lock:
             self._now += seconds
             return self._now
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServeProcess:
+    """``rollfleet serve`` in a subprocess on a free loopback port (killed by the test)."""
+
+    def __init__(self, db_url: str, *extra: str, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = [
+            sys.executable,
+            "-m",
+            "rollfleet.cli",
+            "serve",
+            "--db",
+            db_url,
+            "--port",
+            str(self.port),
+            *extra,
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._popen = subprocess.Popen
+
+    def start(self, timeout: float = 60.0) -> ServeProcess:
+        """Start and wait for /health."""
+        self.proc = self._popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"server exited with {self.proc.returncode}: {' '.join(self.args)}"
+                )
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                time.sleep(0.05)
+        raise RuntimeError("server did not become healthy")
+
+    def kill(self) -> None:
+        """SIGKILL the server and reap it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        """SIGTERM the server and wait."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait()

@@ -25,7 +25,7 @@ LAYERS: list[set[str]] = [
     {"engines", "pool", "cluster"},
     {"envs"},
     {"runner"},
-    {"agents", "testing", "examples"},
+    {"agents", "testing", "examples", "chaos"},
     {"coordinator", "train"},
     {"compose"},
     {"run"},
