@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rollfleet.cluster import CpuPlacement, ExplicitPlacement, NodeResources, PackedPlacement
+from rollfleet.cluster import CpuPlacement, ExplicitPlacement, NodeResources, PackedPlacement, RankPlacement
+from rollfleet.cluster.placement import gpu_shortfall
 from rollfleet.errors import ClusterError, InvalidInput
 
 
@@ -68,3 +69,19 @@ def test_cluster_explicit_placement_checks_nodes_and_gpus() -> None:
         ExplicitPlacement(nodes=[0], gpus=[[3]]).plan(nodes(1))
     with pytest.raises(InvalidInput, match="2 nodes but 1 GPU lists"):
         ExplicitPlacement(nodes=[0, 0], gpus=[[0]]).plan(nodes(1))
+
+
+def test_cluster_gpu_shortfall_names_each_short_node() -> None:
+    plan = ExplicitPlacement(nodes=[0, 1, 1], gpus=[[0], [0], [1]]).plan(nodes(1, 2))
+    assert gpu_shortfall(plan, nodes(1, 2), {}) is None  # nothing reserved yet: all free
+    assert gpu_shortfall(plan, nodes(1, 2), {"node0": 1.0, "node1": 2.0}) is None
+    short = gpu_shortfall(plan, nodes(1, 2), {"node0": 1.0, "node1": 1.0})
+    assert short == "node 1 (10.0.0.1) has 1 of its 2 GPU(s) free (other actors hold the rest) and 2 are asked of it: short by 1"
+    too_many = [RankPlacement(0, 0, (0, 1, 2))]
+    assert gpu_shortfall(too_many, nodes(2), {}) == "node 0 (10.0.0.0) has 2 GPU(s) and 3 are asked of it: short by 1"
+    assert gpu_shortfall(CpuPlacement(3).plan(nodes(0)), nodes(0), {"node0": 0.0}) is None  # CPU ranks ask none
+
+
+def test_cluster_packed_placement_says_the_shortfall() -> None:
+    with pytest.raises(ClusterError, match=r"3 ranks x 2 GPU\(s\) .* have 4 GPU\(s\) \(room for 2 ranks\): short by 1"):
+        PackedPlacement(num_ranks=3, gpus_per_rank=2).plan(nodes(2, 2))
