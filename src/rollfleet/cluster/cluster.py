@@ -215,14 +215,13 @@ class Cluster:
         A ``Worker`` subclass gets a WorkerInfo built from its name, the node and ``env_vars``.
         Returns the Ray actor handle.
         """
-        from rollfleet.cluster.rank import actor_class
-        from rollfleet.cluster.worker import Worker
+        from rollfleet.cluster.rank import actor_class, is_worker_class
 
         node = self.node(node_id)
         env = dict(env_vars or {})
         args: tuple[Any, ...] = tuple(cls_args)
         remote: Any
-        if isinstance(cls, type) and issubclass(cls, Worker):
+        if is_worker_class(cls):
             remote = actor_class(cls)  # type: ignore[arg-type]
             args = (_info_from_env(worker_name, node, env), *args)
         else:

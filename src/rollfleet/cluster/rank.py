@@ -65,6 +65,11 @@ def actor_class(user_cls: type[Any]) -> Any:
     return ray.remote(rank_cls)
 
 
+def is_worker_class(cls: Any) -> bool:
+    """Whether ``cls`` is a ``Worker`` subclass (the base marks itself with ``_rf_base``)."""
+    return isinstance(cls, type) and any(vars(k).get("_rf_base") for k in cls.__mro__)
+
+
 def group_methods(user_cls: type[Any]) -> frozenset[str]:
     """The public methods a group of ``user_cls`` exposes (the subclass's, not the base's)."""
     names: set[str] = set()
