@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from rollfleet.errors import Conflict
 from rollfleet.server.parts import PartsFactory, ServerParts
 from rollfleet.store.base import Store
 from rollfleet.store.sql_store import SqlStore
 
 if TYPE_CHECKING:
     from rollfleet.coordinator.coordinator import AbortHook, RolloutCoordinator
+    from rollfleet.coordinator.election import Election
     from rollfleet.engines.gateway import Gateway
 
 
@@ -105,21 +107,29 @@ def mount_batches(
     ``abort_hook`` (the mounted gateway's, when there is one) stops the generations of the
     rollouts a batch abort or the ``cancel`` policy cancels."""
     from rollfleet.coordinator import RolloutCoordinator
+    from rollfleet.coordinator.election import stored_batches
     from rollfleet.coordinator.service import coordinator_router
 
     coordinator = RolloutCoordinator(store, abort_hook=abort_hook, experience_dir=experience_dir)
     parts.routers.append(("/batches", coordinator_router(coordinator)))
+    election = None
     if isinstance(store, SqlStore) and store.backend.dialect == "postgresql":
-        elect_coordinator(coordinator, store, parts, advertise)
+        election = elect_coordinator(coordinator, store, parts, advertise)
     else:
         parts.on_startup.append(coordinator.prepare)
     parts.on_shutdown.append(coordinator.shutdown)
 
     async def batches() -> list[dict[str, Any]]:
-        listed = await coordinator.list_batches(refresh=False)
+        if election is not None and not election.is_leader:  # read them, never act on them
+            listed = await stored_batches(store)
+        else:
+            listed = await coordinator.list_batches(refresh=False)
         return [b.model_dump(mode="json", exclude={"rollout_statuses"}) for b in listed]
 
     async def abort_batch(batch_id: str, reason: str) -> Any:
+        if election is not None and not election.is_leader:
+            leader = await election.leader_url()
+            raise Conflict(f"this replica does not run the batch coordinator; abort at {leader}")
         return (await coordinator.abort_batch(batch_id, reason=reason)).model_dump(mode="json")
 
     extras.setdefault("batches", batches)
@@ -128,7 +138,7 @@ def mount_batches(
 
 def elect_coordinator(
     coordinator: RolloutCoordinator, store: SqlStore, parts: ServerParts, url: str | None
-) -> None:
+) -> Election:
     """Run the coordinator only while this replica holds the election's lock; forward otherwise."""
     from rollfleet.coordinator.election import Election
     from rollfleet.coordinator.forwarding import LeaderForwarding
@@ -145,6 +155,7 @@ def elect_coordinator(
     parts.on_startup.append(election.start)
     parts.on_shutdown.append(election.close)
     parts.middleware.append((LeaderForwarding, {"election": election}))
+    return election
 
 
 def control_plane(

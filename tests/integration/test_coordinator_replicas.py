@@ -8,6 +8,7 @@ import asyncio
 import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 from support import ServeProcess
 
@@ -67,6 +68,11 @@ async def test_a_follower_forwards_and_a_new_leader_finishes_the_batch(
         assert info.expected_task_count == 4 and info.state.value == "running"
         assert [b.batch_id for b in await client.list_batches()] == ["b1"]
         await through_follower.close()
+        async with httpx.AsyncClient(base_url=follower.url) as http:  # its dashboard reads only
+            panel = (await http.get("/dashboard/api/extras/batches")).json()
+            assert [b["batch_id"] for b in panel["items"]] == ["b1"]
+            refused = await http.post("/dashboard/api/batches/b1/abort", json={"reason": "no"})
+            assert refused.status_code == 409 and leader.url in refused.json()["message"]
 
         finalizing = asyncio.create_task(client.finalize_train_batch("b1"))
         await asyncio.sleep(0)  # the finalize is sent (to whichever replica) and waits there

@@ -18,6 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from rollfleet.coordinator.state import STATE_PREFIX, BatchInfo, BatchState
 from rollfleet.store.base import Store
 
 log = logging.getLogger("rollfleet.coordinator")
@@ -27,11 +28,19 @@ LOCK_CLASS = 7740114  # the first key of the two-key advisory lock; the second i
 TRY_LOCK = (
     "SELECT pg_try_advisory_lock(%s, hashtext(current_database() || '.' || current_schema()))"
 )
+QUERY_S = 5.0  # a query on the lock's connection that takes longer: the connection is lost
 Hook = Callable[[], Awaitable[None]]
 
 
 async def _nothing() -> None:
     return None
+
+
+async def stored_batches(store: Store) -> list[BatchInfo]:
+    """Every batch as last persisted, read without acting on any (a replica that does not lead)."""
+    found = await store.scan_state(STATE_PREFIX)
+    listed = [BatchState.from_json(value).info() for value in found.values() if value]
+    return sorted(listed, key=lambda b: b.created_at)
 
 
 class Election:
@@ -104,12 +113,14 @@ class Election:
         """Try for the lock until granted, then keep checking that the connection lives."""
         while True:
             if not self._leader:
-                row = await (await conn.execute(TRY_LOCK, (LOCK_CLASS,))).fetchone()
+                cursor = await asyncio.wait_for(conn.execute(TRY_LOCK, (LOCK_CLASS,)), QUERY_S)
+                row = await cursor.fetchone()
                 if row[0]:
                     await self._store.put_state(LEADER_KEY, {"url": self.url})
                     await self._set(True)
             else:
-                await conn.execute("SELECT 1")  # raises once the connection is gone
+                # raises once the connection is gone; a hung one counts as gone
+                await asyncio.wait_for(conn.execute("SELECT 1"), QUERY_S)
             await asyncio.sleep(self._interval_s)
 
     async def _set(self, leader: bool) -> None:
