@@ -14,8 +14,9 @@ from support import ServeProcess
 
 from rollfleet.client import HttpStore
 from rollfleet.coordinator import CoordinatorClient
-from rollfleet.coordinator.election import LEADER_KEY
+from rollfleet.coordinator.election import LEADER_KEY, Election
 from rollfleet.model import AttemptStatus, Completion, RolloutResult
+from rollfleet.store import open_sql_store
 
 
 @pytest.fixture
@@ -87,3 +88,40 @@ async def test_a_follower_forwards_and_a_new_leader_finishes_the_batch(
     finally:
         await store.close()
         await client.close()
+
+
+async def until_leader(election: Election) -> None:
+    """Wait until ``election`` leads; fail after 10 s."""
+    deadline = time.monotonic() + 10
+    while not election.is_leader:
+        assert time.monotonic() < deadline, "never elected"
+        await election.changed(0.1)
+
+
+async def test_one_replica_leads_and_the_next_takes_over_when_its_connection_goes(
+    pg_url: str,
+) -> None:
+    stores = [open_sql_store(pg_url), open_sql_store(pg_url)]
+    elected: list[str] = []
+
+    async def note_b() -> None:
+        elected.append("b")
+
+    a = Election(pg_url, stores[0], "http://a", interval_s=0.05)
+    b = Election(pg_url, stores[1], None, interval_s=0.05, on_elected=note_b)
+    try:
+        await a.start()
+        await until_leader(a)
+        await b.start()
+        await b.changed(0.5)  # ten tries at the lock, all refused
+        assert not b.is_leader and elected == []
+        assert await b.leader_url() == "http://a"
+        await a.close()  # its connection closes: PostgreSQL releases the lock
+        await until_leader(b)
+        assert elected == ["b"] and not a.is_leader
+        assert await a.leader_url() is None  # b published no URL (an embedded server)
+    finally:
+        await a.close()
+        await b.close()
+        for store in stores:
+            await store.close()

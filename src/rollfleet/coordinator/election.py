@@ -72,9 +72,11 @@ class Election:
         return self._leader
 
     async def leader_url(self) -> str | None:
-        """The URL the current leader published (None before any replica led)."""
+        """The URL the current leader published (None before any replica led, or when it
+        published none: an embedded server without an advertised URL)."""
         found: Any = await self._store.get_state(LEADER_KEY)
-        return None if not found else str(found["url"])
+        url = found.get("url") if isinstance(found, dict) else None
+        return None if not url else str(url)
 
     async def changed(self, timeout: float) -> None:
         """Return when this replica's leadership changes, or after ``timeout`` seconds."""
