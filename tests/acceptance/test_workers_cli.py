@@ -121,3 +121,25 @@ def test_status_over_http_shows_hosted_pools(tmp_path: Path) -> None:
     finally:
         server.kill()
         bare.kill()
+
+
+def test_status_names_a_suspected_poison_rollout(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path}/p.db"
+
+    async def lose_on_three_runners() -> None:
+        from rollfleet.store import open_sql_store
+
+        s = open_sql_store(db)
+        await s.enqueue_many([RolloutSpec(input=0, rollout_id="poison", config={"retry_delay_s": 0}),
+                              RolloutSpec(input=1, rollout_id="innocent")])
+        for runner in ("a", "b", "c"):  # each runner dies under it and comes back: its attempt is lost
+            assert [r.rollout_id for r in await s.claim(runner)] == ["poison"]
+            await s.register_worker(runner)
+        await s.close()
+
+    asyncio.run(lose_on_three_runners())
+    shown = subprocess.run([sys.executable, "-m", "rollfleet.cli", "status", "--store", db],
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "suspected poison" in shown.stdout and "poison" in shown.stdout.split("suspected poison")[1]
+    assert "innocent" not in shown.stdout

@@ -121,3 +121,44 @@ async def test_agent_decorator_timeout_applies_when_the_rollout_sets_none(store:
     made = await store.enqueue_rollout("t", config={"max_attempts": 1})
     done = await run_until_done(store, Runner(store, runner_agents.slow_with_default_timeout), [made.rollout_id])
     assert done[0].attempt.status is AttemptStatus.TIMEOUT
+
+
+async def test_an_end_recorded_while_the_server_restarts_is_retried_not_lost(tmp_path: Path) -> None:
+    import logging
+
+    from rollfleet.client import HttpStore
+    from support import ServeProcess, eventually
+
+    db = f"sqlite:///{tmp_path}/restart.db"
+    server = ServeProcess(db).start()
+    client = HttpStore(server.url, timeout=5)
+    retrying = asyncio.Event()
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "server unreachable; retrying the end" in record.getMessage():
+                retrying.set()
+
+    seen = Seen()
+    logging.getLogger("rollfleet.runner").addHandler(seen)
+    logging.getLogger("rollfleet.runner").setLevel(logging.INFO)
+    runner = Runner(client, "rollfleet.agents.sleep", worker_id="w-r", concurrency=1)
+    task = asyncio.create_task(runner.run())
+    try:
+        made = await client.enqueue_rollout({"duration": 1.0}, rollout_id="survivor")
+
+        async def running() -> bool:
+            return (await client.get_rollout(made.rollout_id)).status is RolloutStatus.RUNNING
+
+        await eventually(running, 30, what="the rollout to run")
+        server.kill()  # the agent finishes while nobody listens
+        await asyncio.wait_for(retrying.wait(), 30)
+        server = ServeProcess(db, port=server.port).start()
+        done = (await client.wait_for_rollouts([made.rollout_id], 60))[0]
+        assert done.status is RolloutStatus.SUCCEEDED and done.num_attempts == 1  # the first attempt's end landed
+    finally:
+        logging.getLogger("rollfleet.runner").removeHandler(seen)
+        runner.stop()
+        await asyncio.wait_for(task, 30)
+        await client.close()
+        server.kill()

@@ -17,12 +17,18 @@ import reprlib
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from rollfleet.aio import TaskSet
-from rollfleet.errors import Conflict, NotFound, RollfleetError, describe_failure
+from rollfleet.errors import (
+    Conflict,
+    NotFound,
+    RollfleetError,
+    StoreUnavailable,
+    describe_failure,
+)
 from rollfleet.model import (
     AttemptStatus,
     Completion,
@@ -40,6 +46,7 @@ from rollfleet.store.base import Store
 from rollfleet.web.errors import error_named
 
 log = logging.getLogger("rollfleet.runner")
+T = TypeVar("T")
 RECORD_S = 30.0  # shutdown waits this long for the ends of attempts to be recorded,
 CUT_OFF_S = 5.0  # then cancels what is left and waits this long for it to end
 INPUT_PREVIEW_CHARS = 200  # events carry this much of a rollout's input, never all of it
@@ -316,13 +323,14 @@ class Runner:
             if live.stopped_by_store:
                 self.stats.stopped_by_store += 1
             elif live.release or outcome is None:
-                await self.store.release(attempt_id, "runner shutting down")
+                await self._until_reached(
+                    live, lambda: self.store.release(attempt_id, "runner shutting down")
+                )
                 self.stats.released += 1
             else:
                 status, result, error = outcome
-                answer = await self._completions.submit(
-                    Completion(attempt_id=attempt_id, status=status, result=result, error=error)
-                )
+                done = Completion(attempt_id=attempt_id, status=status, result=result, error=error)
+                answer = await self._until_reached(live, lambda: self._completions.submit(done))
                 if answer.rollout_status is None:
                     raise error_named(answer.error_type, answer.error or "refused")
                 self._count(status)
@@ -351,6 +359,27 @@ class Runner:
             if not self._live and not self._stopping.is_set():
                 with contextlib.suppress(RollfleetError):
                     await self.store.update_worker(self.worker_id, WorkerStatus.IDLE)
+
+    async def _until_reached(self, live: _Live, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()`` (an idempotent, fenced write); while the server cannot be reached, again,
+        backing off, until the attempt's lease would have lapsed. A server that restarts in the
+        meantime costs no finished work; before, the rollout waited out its lease and ran again."""
+        give_up = time.monotonic() + live.rollout.config.heartbeat_s
+        pause = 0.1
+        while True:
+            try:
+                return await call()
+            except StoreUnavailable:
+                if time.monotonic() + pause > give_up:
+                    raise
+                log.info(
+                    "%s: server unreachable; retrying the end of %s in %.1f s",
+                    self.worker_id,
+                    live.rollout.rollout_id,
+                    pause,
+                )
+            await asyncio.sleep(pause)
+            pause = min(2.0, 2 * pause)
 
     def _count(self, status: AttemptStatus) -> None:
         if status is AttemptStatus.SUCCEEDED:
