@@ -49,20 +49,29 @@ class _Child:
     reader: EventLines | None = None
 
 
-def restart_delay(child: _Child, ran_s: float) -> tuple[float, str]:
-    """How long to wait before restarting a child that exited, and why (``child.restarts`` is
-    updated). A child killed from outside after doing work (SIGKILL, preemption, the OOM killer)
-    restarts at once; only one that dies without progress is backed off (0.5 s, 1 s, ... 30 s)."""
-    if child.finished:
-        child.restarts = 0
-        return 0.0, f"made progress ({child.finished} rollouts finished): restarting at once"
+@dataclass(frozen=True)
+class Restart:
+    """When to restart a runner that exited, and why."""
+
+    delay_s: float
+    reason: str
+    in_a_row: int  # exits in a row without progress, this one included (0 after progress)
+
+
+def restart_delay(in_a_row: int, finished: int, ran_s: float) -> Restart:
+    """The restart policy, for local processes and Ray actors alike: a runner that finished
+    rollouts since it started, or ran HEALTHY_S, was killed from outside (SIGKILL, preemption, the
+    OOM killer) and restarts at once; only one that dies without progress is backed off (0.5 s,
+    1 s, ... 30 s). ``in_a_row`` counts such exits before this one."""
+    if finished:
+        return Restart(0.0, f"made progress ({finished} rollouts finished): restarting at once", 0)
     if ran_s > HEALTHY_S:
-        child.restarts = 0
-        return 0.0, f"ran {ran_s:.0f} s: restarting at once"
-    child.restarts += 1
-    delay = min(MAX_BACKOFF_S, 0.5 * 2 ** (child.restarts - 1))
-    in_a_row = f"{child.restarts} in a row"
-    return delay, f"died after {ran_s:.1f} s without progress ({in_a_row}): backing off"
+        return Restart(0.0, f"ran {ran_s:.0f} s: restarting at once", 0)
+    n = in_a_row + 1
+    delay = min(MAX_BACKOFF_S, 0.5 * 2 ** (n - 1))
+    return Restart(
+        delay, f"died after {ran_s:.1f} s without progress ({n} in a row): backing off", n
+    )
 
 
 class EventLines(asyncio.Protocol):
@@ -251,7 +260,10 @@ class LocalFleet:
                     await self._close_events(child)
             if self._stopping.is_set():
                 break
-            delay, reason = restart_delay(child, time.monotonic() - child.started_at)
+            decided = restart_delay(
+                child.restarts, child.finished, time.monotonic() - child.started_at
+            )
+            child.restarts, delay, reason = decided.in_a_row, decided.delay_s, decided.reason
             self.on_event(
                 {
                     "event": "worker_crashed",

@@ -31,13 +31,13 @@ STATE_PREFIX = "ray-runner/"
 def restart_decision(previous: dict[str, Any] | None, finished: int, now: float) -> dict[str, Any]:
     """How long a restarted runner actor waits and why, from what the incarnation before it
     recorded (``previous``) and its worker's finished rollouts now (the supervisor's policy)."""
-    from rollfleet.runner.local import _Child, restart_delay
+    from rollfleet.runner.local import restart_delay
 
     prev = previous or {}
     progress = max(0, finished - int(prev.get("finished", 0)))
-    child = _Child("", restarts=int(prev.get("restarts", 0)), finished=progress)
-    delay, reason = restart_delay(child, now - float(prev.get("started_at", now)))
-    return {"delay_s": delay, "reason": reason, "restarts": child.restarts}
+    ran_s = now - float(prev.get("started_at", now))
+    decided = restart_delay(int(prev.get("restarts", 0)), progress, ran_s)
+    return {"delay_s": decided.delay_s, "reason": decided.reason, "restarts": decided.in_a_row}
 
 
 async def _finished(store: Any, worker_id: str) -> int:
