@@ -170,7 +170,7 @@ def retry_delay(base_s: float, retries: int, rng: random.Random) -> float:
     retries of rollouts lost together spread over runners and time."""
     if base_s <= 0 or retries <= 0:
         return 0.0
-    full = min(MAX_RETRY_DELAY_S, base_s * 2 ** min(retries - 1, 30))
+    full = min(MAX_RETRY_DELAY_S, base_s * 2.0 ** min(retries - 1, 30))
     return full / 2 + rng.uniform(0.0, full / 2)
 
 
