@@ -258,7 +258,8 @@ def _ids(page: Page, n: int) -> list[str]:
 
 
 def test_detail_page_shows_attempts_and_trajectory(server: ServerThread, store: Any, page: Page) -> None:
-    rollout = store.enqueue_rollout({"question": "What is 6 * 7?"}, mode="math", priority=200)
+    rollout = store.enqueue_rollout({"question": "What is 6 * 7?"}, mode="math", priority=200,
+                                    config={"retry_delay_s": 0})  # claimed again at once below
     store.register_worker("detail-worker")
     first = store.claim("detail-worker")[0].attempt
     store.complete(first.attempt_id, AttemptStatus.FAILED, None, "ValueError: the sandbox crashed")
@@ -289,6 +290,32 @@ def test_detail_page_shows_attempts_and_trajectory(server: ServerThread, store: 
     raw.locator("summary").click()
     expect(raw.locator("pre")).to_contain_text('"attempt_id"')
     shot(page, "rollout-detail")
+
+
+def test_detail_page_shows_a_screenshot_stored_once_by_content(server: ServerThread, store: Any, page: Page) -> None:
+    import base64
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    rollout = store.enqueue_rollout({"task": "click the red square"}, mode="osworld", priority=250)
+    attempt = store.claim("shot-worker")[0].attempt
+    turn = {"role": "user", "content": [{"type": "text", "text": "the screen:"},
+                                        {"type": "image_url", "image_url": {"url": url}}]}
+    store.add_steps(attempt.attempt_id, [StepIn(kind="llm", payload={"messages": [turn], "text": "CLICK"}),
+                                         StepIn(kind="llm", payload={"messages": [turn, turn], "text": "DONE"})])
+    stored = store.query_steps(rollout.rollout_id).items
+    assert "base64" not in str(stored[1].payload)  # a reference, twice, and the bytes once
+    page.goto(f"{server.url}/#/rollouts/{rollout.rollout_id}")
+    shots = page.locator(".timeline img.shot")
+    expect(shots).to_have_count(3)
+    for i in range(3):
+        expect(shots.nth(i)).to_have_attribute("src", url)  # fetched from /blobs with the token
+    size = shots.nth(0).evaluate("img => [img.naturalWidth, img.naturalHeight]")
+    assert size == [64, 48]  # the browser decoded the real image
 
 
 def test_overview_counts_match_the_store(server: ServerThread, store: Any, page: Page) -> None:

@@ -136,7 +136,7 @@ async def test_an_end_recorded_while_the_server_restarts_is_retried_not_lost(tmp
 
     class Seen(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            if "server unreachable; retrying the end" in record.getMessage():
+            if "server unreachable; retrying the end of survivor" in record.getMessage():
                 retrying.set()
 
     seen = Seen()

@@ -75,3 +75,20 @@ def test_every_token_carries_the_policy_version_that_wrote_it() -> None:
     assert seq.policy_version == 3
     (solo,) = sequences_from_steps([_llm(1, [1], [2], version=None)])
     assert solo.token_versions is None and solo.policy_version is None
+
+
+def test_a_sequence_references_the_images_its_prompts_showed_once_each_in_order() -> None:
+    from rollfleet.store.blobs import PREFIX
+
+    a, b = "a" * 64, "b" * 64
+
+    def shot(h: str) -> dict:  # type: ignore[type-arg]
+        return {"role": "user", "content": [{"type": "image_url", "image_url": {"url": PREFIX + h}}]}
+
+    first, second = _llm(1, [1, 2], [3]), _llm(2, [1, 2, 3, 4], [5])  # the 2nd call continues the 1st
+    first.payload["messages"] = [shot(a)]
+    second.payload["messages"] = [shot(a), shot(b)]  # the conversation is resent with a new screenshot
+    (seq,) = sequences_from_steps([first, second])
+    assert seq.images == [a, b]
+    (text_only,) = sequences_from_steps([_llm(1, [1], [2])])
+    assert text_only.images is None

@@ -15,6 +15,7 @@ do not get (docs/store.md has the measurements).
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
 
@@ -44,6 +45,7 @@ from rollfleet.model import (
     adapter,
     new_id,
 )
+from rollfleet.store.blobs import Blob
 from rollfleet.web.errors import error_from_answer
 from rollfleet.web.serving import segment
 
@@ -390,6 +392,11 @@ class HttpStore:
         """Store a new version of the resources agents use (id chosen here: safe to retry)."""
         body = {"values": values, "resources_id": resources_id or new_id("res")}
         return _decode(Resources, await self._call("POST", "/resources", body))
+
+    async def get_blob(self, sha256: str) -> Blob:
+        """One image of a trajectory by its sha256 (``rollfleet-blob:<sha256>`` in a step)."""
+        doc = orjson.loads(await self._call("GET", f"/blobs/{segment(sha256)}", retry=True))
+        return Blob(doc["sha256"], doc["media_type"], base64.b64decode(doc["data"]))
 
     async def get_latest_resources(self) -> Resources | None:
         """Return the newest resources, or None."""

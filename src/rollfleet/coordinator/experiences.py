@@ -24,6 +24,7 @@ from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, mod
 
 from rollfleet.errors import InvalidInput, RollfleetError
 from rollfleet.model import Record, Rollout, Step
+from rollfleet.store.blobs import image_refs
 
 LLM_STEP = "llm"
 GRPO_EPS = 1e-6
@@ -47,6 +48,7 @@ class Experience:
     staleness: int
     finish_reason: str | None = None
     token_versions: list[int] | None = None
+    images: list[str] | None = None  # sha256 of the images in its prompt, in order (get_blob)
 
 
 class ExperienceStats(Record):
@@ -91,6 +93,7 @@ class TokenSequence:
     policy_version: int | None = None
     completion_tokens: int = field(default=0)
     token_versions: list[int] | None = None
+    images: list[str] | None = None
 
 
 def _ints(value: Any, what: str) -> list[int]:
@@ -190,6 +193,8 @@ def sequences_from_steps(steps: Sequence[Step]) -> list[TokenSequence]:
             )
             seqs.append(cur)
         cur.finish_reason = step.payload.get("finish_reason") or cur.finish_reason
+        shown = image_refs(step.payload.get("messages"))  # each call resends the conversation
+        cur.images = list(dict.fromkeys([*(cur.images or []), *shown])) or None
     for seq in seqs:  # the oldest policy that wrote any of its tokens
         oldest = _oldest_action(seq.token_versions, seq.action_mask)
         seq.policy_version = seq.policy_version if oldest is None else oldest
@@ -258,6 +263,7 @@ def experiences_for_rollout(
             finish_reason=s.finish_reason,
             policy_version=base.policy_version if s.policy_version is None else s.policy_version,
             token_versions=s.token_versions,
+            images=s.images,
         )
         for i, s in enumerate(sequences_from_steps(steps))
     ] or [base]
@@ -282,6 +288,7 @@ def _schema() -> Any:
             ("staleness", pa.int32()),
             ("finish_reason", pa.string()),
             ("token_versions", pa.list_(pa.int64())),
+            ("images", pa.list_(pa.string())),
         ]
     )
 
@@ -333,5 +340,5 @@ def read_experiences(path: str | Path) -> list[Experience]:
             rows = pq.read_table(file).to_pylist()
         except (OSError, ValueError) as exc:
             raise RollfleetError(f"cannot read experiences from {file}: {exc}") from exc
-        out.extend(Experience(**row) for row in rows)
+        out.extend(Experience(**row) for row in rows)  # a file made before images has none
     return out

@@ -161,7 +161,11 @@ class Runner:
 
     async def run(self) -> RunnerStats:
         """Run until stop(); returns what was done."""
-        await self.store.register_worker(self.worker_id, self.metadata, lease_s=self.lease_s)
+        await self._until_reached(  # a runner started while the server restarts waits for it
+            lambda: self.store.register_worker(self.worker_id, self.metadata, lease_s=self.lease_s),
+            self.lease_s,
+            "registering",
+        )
         self.on_event("worker_started", worker_id=self.worker_id)
         side = [
             self._loops.spawn(self._heartbeat_loop(), "rollfleet-heartbeat"),
@@ -324,13 +328,19 @@ class Runner:
                 self.stats.stopped_by_store += 1
             elif live.release or outcome is None:
                 await self._until_reached(
-                    live, lambda: self.store.release(attempt_id, "runner shutting down")
+                    lambda: self.store.release(attempt_id, "runner shutting down"),
+                    live.rollout.config.heartbeat_s,
+                    f"the end of {live.rollout.rollout_id}",
                 )
                 self.stats.released += 1
             else:
                 status, result, error = outcome
                 done = Completion(attempt_id=attempt_id, status=status, result=result, error=error)
-                answer = await self._until_reached(live, lambda: self._completions.submit(done))
+                answer = await self._until_reached(
+                    lambda: self._completions.submit(done),
+                    live.rollout.config.heartbeat_s,
+                    f"the end of {live.rollout.rollout_id}",
+                )
                 if answer.rollout_status is None:
                     raise error_named(answer.error_type, answer.error or "refused")
                 self._count(status)
@@ -360,11 +370,14 @@ class Runner:
                 with contextlib.suppress(RollfleetError):
                     await self.store.update_worker(self.worker_id, WorkerStatus.IDLE)
 
-    async def _until_reached(self, live: _Live, call: Callable[[], Awaitable[T]]) -> T:
-        """``call()`` (an idempotent, fenced write); while the server cannot be reached, again,
-        backing off, until the attempt's lease would have lapsed. A server that restarts in the
-        meantime costs no finished work; before, the rollout waited out its lease and ran again."""
-        give_up = time.monotonic() + live.rollout.config.heartbeat_s
+    async def _until_reached(
+        self, call: Callable[[], Awaitable[T]], within_s: float, what: str
+    ) -> T:
+        """``call()`` (an idempotent write); while the server cannot be reached, again, backing
+        off, for ``within_s`` seconds (for an attempt's end: until its lease would have lapsed). A
+        server that restarts meanwhile costs no finished work; before, the rollout waited out its
+        lease and ran again."""
+        give_up = time.monotonic() + within_s
         pause = 0.1
         while True:
             try:
@@ -373,10 +386,7 @@ class Runner:
                 if time.monotonic() + pause > give_up:
                     raise
                 log.info(
-                    "%s: server unreachable; retrying the end of %s in %.1f s",
-                    self.worker_id,
-                    live.rollout.rollout_id,
-                    pause,
+                    "%s: server unreachable; retrying %s in %.1f s", self.worker_id, what, pause
                 )
             await asyncio.sleep(pause)
             pause = min(2.0, 2 * pause)

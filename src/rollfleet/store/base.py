@@ -27,6 +27,7 @@ from rollfleet.model import (
     Worker,
     WorkerStatus,
 )
+from rollfleet.store.blobs import Blob
 
 T = TypeVar("T")
 MAX_STEP_ROLLOUTS = 1000  # rollout ids one query_steps_many call may name
@@ -204,6 +205,10 @@ class Store(Protocol):
         self, values: dict[str, Any], resources_id: str | None = None
     ) -> Resources:
         """Store a new version of the resources agents use."""
+        ...
+
+    async def get_blob(self, sha256: str) -> Blob:
+        """One image of a trajectory by its sha256 (``rollfleet-blob:<sha256>`` in a step)."""
         ...
 
     async def get_latest_resources(self) -> Resources | None:

@@ -30,6 +30,7 @@ from rollfleet.model import (
     check_rollout_transition,
     new_id,
 )
+from rollfleet.store.blobs import MARKER, Blob, extract_images
 from rollfleet.store.ends import (
     End,
     attempt_rows,
@@ -212,8 +213,18 @@ def add_steps(tx: Tx, attempt_id: str, steps: Sequence[StepIn], now: float) -> i
     row = live_attempt(tx, attempt_id)
     if not steps:
         return 0
+    images: dict[str, Blob] = {}
+    payloads = [_without_images(s.payload, images) for s in steps]
     last = tx.one("bump_steps", rollout_id=row["rollout_id"], n=len(steps))
     first = int(last["num_steps"]) - len(steps) + 1 if last else 1
+    tx.many(
+        "insert_blob",
+        [
+            {"sha256": b.sha256, "media_type": b.media_type, "size": len(b.data), "data": b.data}
+            | {"now": now}
+            for b in images.values()
+        ],
+    )
     tx.many(
         "insert_step",
         [
@@ -222,13 +233,21 @@ def add_steps(tx: Tx, attempt_id: str, steps: Sequence[StepIn], now: float) -> i
                 "attempt_id": attempt_id,
                 "sequence": first + i,
                 "kind": s.kind,
-                "payload": dumps(s.payload),
+                "payload": payload,
                 "timestamp": s.timestamp or now,
             }
-            for i, s in enumerate(steps)
+            for i, (s, payload) in enumerate(zip(steps, payloads, strict=True))
         ],
     )
     return len(steps)
+
+
+def _without_images(payload: dict[str, Any], images: dict[str, Blob]) -> str:
+    """A step's payload as stored: JSON, with its images moved into ``images`` (by content)."""
+    text = dumps(payload)
+    if MARKER not in text:  # the common case: no image, nothing to walk
+        return text
+    return dumps(extract_images(payload, images))
 
 
 COMPLETE_STATUSES = frozenset(

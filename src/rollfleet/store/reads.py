@@ -22,6 +22,7 @@ from rollfleet.model import (
     WorkerStatus,
 )
 from rollfleet.store.base import MAX_STEP_ROLLOUTS
+from rollfleet.store.blobs import Blob
 from rollfleet.store.records import _ids, attempt_from_row, dumps, loads, rollout_from_row
 from rollfleet.store.tx import Row, Tx
 
@@ -192,6 +193,14 @@ def _step(r: Row) -> Step:
         payload=loads(r["payload"]),
         timestamp=r["timestamp"],
     )
+
+
+def get_blob(tx: Tx, sha256: str) -> Blob:
+    """One stored image by its sha256; NotFound if there is none."""
+    row = tx.one("select_blob", sha256=sha256)
+    if row is None:
+        raise NotFound(f"blob {sha256} not found")
+    return Blob(row["sha256"], row["media_type"], bytes(row["data"]))
 
 
 def get_resources(tx: Tx, resources_id: str | None) -> Resources | None:

@@ -37,6 +37,7 @@ from rollfleet.model import (
     now as wall_now,
 )
 from rollfleet.store import ops, reads, records
+from rollfleet.store.blobs import Blob
 
 log = logging.getLogger("rollfleet.store")
 T = TypeVar("T")
@@ -418,6 +419,10 @@ class SqlStore:
     ) -> Resources:
         """Store a new version of the resources agents use."""
         return await self._write(ops.add_resources, values, resources_id, self._clock())
+
+    async def get_blob(self, sha256: str) -> Blob:
+        """One image of a trajectory by its sha256 (``rollfleet-blob:<sha256>`` in a step)."""
+        return await self.backend.read(reads.get_blob, sha256)
 
     async def get_latest_resources(self) -> Resources | None:
         """Return the newest resources, or None."""

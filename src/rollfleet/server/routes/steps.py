@@ -1,6 +1,8 @@
-"""Trajectory steps: append to an attempt, read a rollout's in order."""
+"""Trajectory steps: append to an attempt, read a rollout's in order; the images they reference."""
 
 from __future__ import annotations
+
+import base64
 
 from fastapi import APIRouter
 from fastapi.responses import Response
@@ -27,6 +29,12 @@ def routes(store: Store) -> APIRouter:
     ) -> Response:
         await store.get_rollout(rollout_id)  # 404 for an unknown rollout
         return as_json(await store.query_steps(rollout_id, attempt_id, cursor, limit))
+
+    @r.get("/blobs/{sha256}")
+    async def get_blob(sha256: str) -> Response:
+        blob = await store.get_blob(sha256)
+        data = base64.b64encode(blob.data).decode()
+        return as_json({"sha256": blob.sha256, "media_type": blob.media_type, "data": data})
 
     @r.post("/rollouts/steps")
     async def query_steps_many(body: s.StepsQuery) -> Response:

@@ -92,6 +92,14 @@ CREATE TABLE IF NOT EXISTS kv (
     value TEXT NOT NULL,
     updated_at DOUBLE PRECISION NOT NULL
 );
+-- Images of trajectories, once each by content (store/blobs.py); steps hold rollfleet-blob:<sha256>.
+CREATE TABLE IF NOT EXISTS blobs (
+    sha256 TEXT PRIMARY KEY,
+    media_type TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    data BYTEA NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL
+);
 
 -- name: insert_rollout
 INSERT INTO rollouts (rollout_id, input, mode, status, priority, batch_id, group_id, config, timeout_s,
@@ -293,6 +301,14 @@ UPDATE rollouts SET num_steps = num_steps + :n WHERE rollout_id = :rollout_id RE
 -- name: insert_step
 INSERT INTO steps (rollout_id, attempt_id, sequence, kind, payload, timestamp)
 VALUES (:rollout_id, :attempt_id, :sequence, :kind, :payload, :timestamp);
+
+-- name: insert_blob
+INSERT INTO blobs (sha256, media_type, size, data, created_at)
+VALUES (:sha256, :media_type, :size, :data, :now)
+ON CONFLICT (sha256) DO NOTHING;
+
+-- name: select_blob
+SELECT sha256, media_type, data FROM blobs WHERE sha256 = :sha256;
 
 -- name: select_steps
 SELECT * FROM steps

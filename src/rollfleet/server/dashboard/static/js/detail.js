@@ -138,13 +138,43 @@ function stepSummary(s) {
   return h("span", { class: "summary" }, bits.join(" · "));
 }
 
+// Images in steps are stored once, by content: the step holds "rollfleet-blob:<sha256>", the bytes
+// come from /blobs/<sha256> (with the bearer token, so not through a plain <img src>), once each.
+const BLOB = "rollfleet-blob:";
+const blobs = new Map();
+
+function image(url) {
+  const img = h("img", { class: "shot", alt: "image", title: "click to enlarge" });
+  img.addEventListener("click", () => img.classList.toggle("big"));
+  if (!url.startsWith(BLOB)) {
+    if (!url.startsWith("data:image/")) return `[image ${url.slice(0, 80)}]`;  // never fetched
+    img.src = url;
+    return img;
+  }
+  const sha = url.slice(BLOB.length);
+  if (!blobs.has(sha)) blobs.set(sha, api(`/blobs/${sha}`).then((b) => `data:${b.media_type};base64,${b.data}`));
+  img.dataset.sha256 = sha;
+  blobs.get(sha).then((src) => { img.src = src; }, () => { img.alt = "image not found"; });
+  return img;
+}
+
+function content(c) {
+  if (typeof c === "string") return c;
+  if (c == null) return "";
+  if (!Array.isArray(c)) return JSON.stringify(c);
+  return c.map((part) => {
+    if (part && part.type === "text") return part.text;
+    if (part && part.type === "image_url" && part.image_url && typeof part.image_url.url === "string") return image(part.image_url.url);
+    return JSON.stringify(part);
+  });
+}
+
 function message(m) {
   const calls = (m.tool_calls || []).map((c) => {
     const fn = c.function || c;
     return h("div", { class: "tool-call" }, "→ ", h("b", {}, fn.name || "tool"), h("code", {}, typeof fn.arguments === "string" ? fn.arguments : JSON.stringify(fn.arguments ?? {})));
   });
-  const content = typeof m.content === "string" ? m.content : m.content == null ? "" : JSON.stringify(m.content);
-  return h("div", { class: `msg role-${m.role || "unknown"}` }, h("span", { class: "role" }, m.role || "?"), h("span", { class: "content" }, content), calls);
+  return h("div", { class: `msg role-${m.role || "unknown"}` }, h("span", { class: "role" }, m.role || "?"), h("span", { class: "content" }, content(m.content)), calls);
 }
 
 function stepBody(s) {
