@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from rollfleet.engines.images import ImageInput, cannot_see, request_images
 from rollfleet.errors import EngineError
 
 JSON = Any
@@ -70,17 +71,24 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One call: chat ``messages`` or a completion ``prompt`` (text or token ids)."""
+    """One call: chat ``messages`` or a completion ``prompt`` (text or token ids).
+
+    ``images`` are the image parts of ``messages``, decoded and checked once when the request
+    is made (:func:`~rollfleet.engines.images.request_images`: ImageRefused for a bad one);
+    the messages keep their data URLs, so a remote engine forwards them unchanged."""
 
     messages: list[Message] | None = None
     prompt: str | list[int] | None = None
     params: SamplingParams = field(default_factory=SamplingParams)
     request_id: str = field(default_factory=lambda: f"req-{uuid.uuid4().hex[:16]}")
     model: str | None = None
+    images: tuple[ImageInput, ...] = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
             raise EngineError("a generation request needs exactly one of messages or prompt")
+        if self.messages is not None and not self.images:
+            object.__setattr__(self, "images", request_images(self.messages))
 
     @property
     def is_chat(self) -> bool:
@@ -150,6 +158,7 @@ class EngineInfo:
     max_concurrency: int
     healthy: bool
     base_url: str | None = None
+    vision: bool = False
 
 
 @runtime_checkable
@@ -192,6 +201,7 @@ class BaseEngine:
 
     name = "base"
     max_concurrency = 1
+    vision = False  # True for engines that take image parts
 
     def __init__(self, model: str) -> None:
         self.model = model
@@ -230,7 +240,15 @@ class BaseEngine:
 
     def info(self) -> EngineInfo:
         """Describe the engine."""
-        return EngineInfo(self.name, self.model, self._version, self.max_concurrency, True)
+        return EngineInfo(
+            self.name, self.model, self._version, self.max_concurrency, True, vision=self.vision
+        )
+
+    def check_images(self, request: GenerationRequest) -> None:
+        """Refuse a request with images when this engine cannot see (ImageRefused, HTTP 400):
+        an image is never silently dropped."""
+        if request.images and not self.vision:
+            raise cannot_see(self.name)
 
     def result(
         self,

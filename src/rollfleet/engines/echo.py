@@ -53,6 +53,7 @@ class EchoEngine(BaseEngine):
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamItem]:
         """Yield one character per step until the echo, ``max_tokens`` or an abort ends it."""
+        self.check_images(request)
         text = self._prompt(request)
         prompt_ids = [ord(c) for c in text]
         aborted = self._aborted[request.request_id] = asyncio.Event()

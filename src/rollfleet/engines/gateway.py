@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollfleet.engines.base import Engine, Generation, GenerationRequest, StreamItem, WeightsDelta
+from rollfleet.engines.images import cannot_see
 from rollfleet.errors import Conflict, EngineError, InvalidInput, NotFound
 from rollfleet.model import StepIn
 
@@ -76,14 +77,15 @@ class Router:
         self.rng = rng or random.Random()
         self.repins = 0
 
-    def pick(self, rollout_id: str | None) -> Replica:
-        """The replica that should serve the next call of ``rollout_id``."""
-        live = [r for r in self.replicas.values() if not r.draining]
+    def pick(self, rollout_id: str | None, vision: bool = False) -> Replica:
+        """The replica that should serve the next call of ``rollout_id`` (with ``vision``, one
+        whose engine takes images: ImageRefused when none does)."""
+        live = self.live(vision)
         if not live:
             raise EngineError("gateway: no engine replica is available")
         lowest = min(r.load for r in live)
         pinned = self.replicas.get(self.sticky.get(rollout_id, "")) if rollout_id else None
-        if pinned is not None and not pinned.draining:
+        if pinned is not None and pinned in live:
             if pinned.in_flight < pinned.capacity or pinned.load <= lowest:
                 self.sticky.move_to_end(rollout_id)  # type: ignore[arg-type]
                 return pinned
@@ -95,6 +97,17 @@ class Router:
             while len(self.sticky) > MAX_STICKY:
                 self.sticky.popitem(last=False)
         return choice
+
+    def live(self, vision: bool = False) -> list[Replica]:
+        """Replicas taking calls (with ``vision``: those that see; ImageRefused naming the
+        engines when replicas are up but none of them sees)."""
+        live = [r for r in self.replicas.values() if not r.draining]
+        if not vision or not live:
+            return live
+        seeing = [r for r in live if r.engine.info().vision]
+        if not seeing:
+            raise cannot_see(", ".join(sorted({r.engine.name for r in live})))
+        return seeing
 
 
 @dataclass
@@ -182,8 +195,9 @@ class Gateway:
         rollout_id: str | None = None,
         attempt_id: str | None = None,
     ) -> AsyncGenerator[StreamItem, None]:
-        """Route and run ``request``; yield deltas, record the call, then yield the result."""
-        replica = self.router.pick(rollout_id)
+        """Route and run ``request``; yield deltas, record the call, then yield the result.
+        A request with images goes to a replica that sees (ImageRefused when none does)."""
+        replica = self.router.pick(rollout_id, vision=bool(request.images))
         flight = _Flight(request, replica, rollout_id)
         self._flights[request.request_id] = flight
         replica.in_flight += 1

@@ -296,6 +296,7 @@ def gateway_router(gateway: Gateway, token: str | None = None) -> APIRouter:
             body, request, want = _request(raw, chat)
             shaper = _Shaper(request, body, want)
             if body.stream:
+                gateway.router.live(vision=bool(request.images))  # refused before the stream
                 return StreamingResponse(
                     _events(gateway, request, shaper, rollout, attempt),
                     media_type="text/event-stream",

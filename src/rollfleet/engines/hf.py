@@ -29,17 +29,15 @@ from rollfleet.engines.base import (
     GenerationRequest,
     NamedTensors,
     WeightSource,
+    message_text,
 )
 from rollfleet.engines.buckets import DEFAULT_BUCKET_BYTES
 from rollfleet.engines.llamacpp_model import find_stop, sample
 from rollfleet.engines.threaded import STOP, Pending, ThreadedEngine
-from rollfleet.errors import EngineError
+from rollfleet.engines.tiny import tiny_hf_model as tiny_hf_model  # re-exported: its old home
+from rollfleet.errors import EngineError, RollfleetError
 
 log = logging.getLogger("rollfleet.engines")
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 
 
 def _cache_of(model: Any, out: Any) -> dict[str, Any]:
@@ -48,42 +46,6 @@ def _cache_of(model: Any, out: Any) -> dict[str, Any]:
     params = inspect.signature(model.forward).parameters
     cache = out.cache if hasattr(out, "cache") else out.past_key_values
     return {"cache": cache} if "cache" in params else {"past_key_values": cache}
-
-
-def tiny_hf_model(seed: int = 0, hidden: int = 64, layers: int = 2) -> tuple[Any, Any]:
-    """A small random-weight Llama and a byte-level tokenizer, built offline (tests, benches)."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {tok: i for i, tok in enumerate(specials + sorted(alphabet))}
-    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    core.decoder = decoders.ByteLevel()
-    core.add_special_tokens(specials)
-    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
-        tokenizer_object=core,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        bos_token="<|endoftext|>",
-    )
-    tokenizer.chat_template = CHATML
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(vocab),
-        hidden_size=hidden,
-        intermediate_size=hidden * 2,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        eos_token_id=vocab["<|im_end|>"],
-        pad_token_id=0,
-        bos_token_id=0,
-    )
-    return LlamaForCausalLM(config).eval(), tokenizer  # type: ignore[no-untyped-call]
 
 
 class HFEngine(ThreadedEngine):
@@ -322,22 +284,38 @@ class HFEngine(ThreadedEngine):
         return items
 
     def prompt_ids(self, request: GenerationRequest) -> list[int]:
-        """Token ids of a request's prompt (chat template applied for messages)."""
+        """Token ids of a request's prompt (chat template applied for messages, whose content
+        parts are joined as text: a text model never sees an image, they are refused first)."""
         if request.messages is not None:
+            messages = [
+                {**m, "content": message_text(m.get("content"))}
+                if isinstance(m.get("content"), list)
+                else m
+                for m in request.messages
+            ]
             text = self.tokenizer.apply_chat_template(
-                request.messages, tokenize=False, add_generation_prompt=True
+                messages, tokenize=False, add_generation_prompt=True
             )
             return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         if isinstance(request.prompt, str):
             return list(self.tokenizer(request.prompt)["input_ids"])
         return list(request.prompt or [])
 
+    def prepare(self, request: GenerationRequest) -> tuple[list[int], Any]:
+        """On the worker: a request's prompt ids and what else its prefill needs (None for
+        text; a vision engine's image features)."""
+        return self.prompt_ids(request), None
+
+    def prefill_inputs(self, model: Any, ids: Any, extras: list[Any]) -> dict[str, Any]:
+        """The model's keyword inputs for a prefill of the padded ``ids`` (one extra per row)."""
+        return {"input_ids": ids}
+
 
 class _Row:
     """One request inside a batch."""
 
-    def __init__(self, pending: Pending, prompt: list[int], version: int) -> None:
-        self.pending, self.prompt = pending, prompt
+    def __init__(self, pending: Pending, prompt: list[int], extra: Any, version: int) -> None:
+        self.pending, self.prompt, self.extra = pending, prompt, extra
         self.spans = [(0, version)]  # (first token, weights version) of each run of tokens
         self.out: list[int] = []
         self.logprobs: list[float] = []
@@ -357,11 +335,14 @@ class _Batch:
                 pending.finish(engine.result(pending.request, "", [], [], [], FinishReason.ABORT))
                 continue
             try:
-                prompt = engine.prompt_ids(pending.request)
+                prompt, extra = engine.prepare(pending.request)
+            except RollfleetError as exc:  # a refused image: the caller's own error
+                pending.finish(exc)
+                continue
             except Exception as exc:  # a bad prompt fails its own request only
                 pending.finish(EngineError(f"hf: cannot tokenize the prompt: {exc}"))
                 continue
-            self.rows.append(_Row(pending, prompt, engine.version))
+            self.rows.append(_Row(pending, prompt, extra, engine.version))
         eos = engine.hf_model.generation_config.eos_token_id
         self.eos = set(eos if isinstance(eos, list) else [eos]) - {None}
 
@@ -380,8 +361,10 @@ class _Batch:
             mask[i, width - len(row.prompt) :] = 1
         position = (mask.cumsum(-1) - 1).clamp(min=0)
         limit = max(r.pending.request.params.max_tokens for r in self.rows)
+        extras = [row.extra for row in self.rows]
         with torch.inference_mode():
-            out = model(input_ids=ids, attention_mask=mask, position_ids=position, use_cache=True)
+            inputs = self.engine.prefill_inputs(model, ids, extras)
+            out = model(**inputs, attention_mask=mask, position_ids=position, use_cache=True)
             for _ in range(limit):
                 tokens = self._sample(out.logits[:, -1, :].float().cpu().numpy())
                 if all(r.done for r in self.rows):
@@ -432,7 +415,8 @@ class _Batch:
             ids[i, width - len(seq) :] = torch.tensor(seq)
             mask[i, width - len(seq) :] = 1
         position = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = model(input_ids=ids, attention_mask=mask, position_ids=position, use_cache=True)
+        inputs = self.engine.prefill_inputs(model, ids, [row.extra for row in self.rows])
+        out = model(**inputs, attention_mask=mask, position_ids=position, use_cache=True)
         return out, mask, position
 
     def _sample(self, logits: np.ndarray) -> list[int]:

@@ -68,6 +68,7 @@ class LlamaCppSlotsEngine(BaseEngine):
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamItem]:
         """Run ``request`` on the least busy slot."""
+        self.check_images(request)
         slot = min(self.slots, key=lambda s: s.in_flight)
         self._owner[request.request_id] = slot
         try:

@@ -78,9 +78,11 @@ def _logprobs(block: Any, chat: bool) -> list[float]:
 
 
 class OpenAIEngine(BaseEngine):
-    """Talks to an OpenAI-compatible server at ``base_url`` (without the ``/v1``)."""
+    """Talks to an OpenAI-compatible server at ``base_url`` (without the ``/v1``). Image parts
+    are forwarded unchanged (``vision``: whether the served model sees is the server's to say)."""
 
     name = "openai"
+    vision = True
 
     def __init__(
         self,
@@ -148,6 +150,7 @@ class OpenAIEngine(BaseEngine):
             self.max_concurrency,
             self._client is not None,
             self.base_url,
+            vision=self.vision,
         )
 
     @property

@@ -169,13 +169,19 @@ class ThreadedEngine(BaseEngine):
     def info(self) -> EngineInfo:
         """Describe the engine."""
         return EngineInfo(
-            self.name, self.model, self.version, self.max_concurrency, self._thread is not None
+            self.name,
+            self.model,
+            self.version,
+            self.max_concurrency,
+            self._thread is not None,
+            vision=self.vision,
         )
 
     def stream(self, request: GenerationRequest) -> AsyncIterator[StreamItem]:
         """Queue ``request`` for the worker; yield its deltas and final Generation."""
         if self._thread is None:
             raise EngineError(f"{self.name}: engine is not started")
+        self.check_images(request)
         pending = Pending(request, asyncio.get_running_loop())
         return stream_pending(self.registry, pending, self.inbox.put)
 

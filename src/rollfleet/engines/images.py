@@ -1,0 +1,157 @@
+"""Images in chat requests: OpenAI ``image_url`` parts carrying data URLs, checked and decoded.
+
+A chat message's content may be a list of parts; an image part is
+``{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}`` (PNG, JPEG, WebP
+or GIF). :func:`request_images` decodes every such part of a conversation once, checks its
+format by its first bytes (the declared type must match) and the caps (:data:`MAX_IMAGE_BYTES`
+decoded per image, :data:`MAX_IMAGES` per request), and returns :class:`ImageInput` records
+named by their SHA-256. Anything else is an :class:`ImageRefused` (HTTP 400) naming the message
+and the part. URLs that are not data URLs (``http:``, ``https:``, ``file:``) are refused: the
+control plane never fetches a URL or reads a file on a caller's behalf.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollfleet.errors import InvalidInput
+
+MAX_IMAGE_BYTES = 10 * 1024 * 1024
+"""The largest image accepted, decoded (10 MiB)."""
+MAX_IMAGES = 32
+"""The most images one request may hold (the whole conversation, every turn's)."""
+FORMATS = {"image/png": "png", "image/jpeg": "jpeg", "image/webp": "webp", "image/gif": "gif"}
+_DATA_URL = re.compile(r"data:(?P<mime>[\w.+/-]+)?(?P<params>(;[^,;]*)*?);base64,", re.I)
+
+
+class ImageRefused(InvalidInput):
+    """Raised for an image part that is malformed, too large, not inline, or sent to an engine
+    that cannot see (HTTP 400, as OpenAI answers a bad image)."""
+
+    status_code = 400
+
+
+@dataclass(frozen=True)
+class ImageInput:
+    """One decoded image of a request, where it was, and its content hash."""
+
+    sha256: str
+    mime: str
+    data: bytes = field(repr=False)
+    message: int
+    part: int
+
+    @property
+    def where(self) -> str:
+        """Where the image sits in the request, for error messages."""
+        return f"messages[{self.message}].content[{self.part}]"
+
+    def pil(self) -> Any:
+        """The image as an RGB ``PIL.Image`` (ImageRefused when Pillow cannot decode it)."""
+        import io
+
+        from PIL import Image, UnidentifiedImageError
+
+        try:
+            with Image.open(io.BytesIO(self.data)) as image:
+                image.load()
+                return image.convert("RGB")
+        except (UnidentifiedImageError, OSError, ValueError) as exc:
+            raise ImageRefused(
+                f"{self.where}: the {self.mime} image cannot be decoded: {exc}"
+            ) from exc
+
+
+def is_image_part(part: Any) -> bool:
+    """True for an OpenAI image content part (``{"type": "image_url", ...}``)."""
+    return isinstance(part, dict) and part.get("type") in ("image_url", "image")
+
+
+def sniff(data: bytes) -> str | None:
+    """The image type that ``data`` starts like (``image/png`` …), or None."""
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "image/png"
+    if data.startswith(b"\xff\xd8\xff"):
+        return "image/jpeg"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "image/gif"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return None
+
+
+def data_url(data: bytes, mime: str | None = None) -> str:
+    """``data`` as a base64 data URL (the type sniffed when not given)."""
+    kind = mime or sniff(data) or "application/octet-stream"
+    return f"data:{kind};base64,{base64.b64encode(data).decode('ascii')}"
+
+
+def image_part(data: bytes, mime: str | None = None) -> dict[str, Any]:
+    """An OpenAI ``image_url`` content part holding ``data`` inline."""
+    return {"type": "image_url", "image_url": {"url": data_url(data, mime)}}
+
+
+def decode_part(part: dict[str, Any], message: int, index: int) -> ImageInput:
+    """Decode and check one image part (ImageRefused naming it when it is not acceptable)."""
+    where = f"messages[{message}].content[{index}]"
+    spec = part.get("image_url")
+    url = spec.get("url") if isinstance(spec, dict) else spec
+    if not isinstance(url, str) or not url:
+        raise ImageRefused(f"{where}: an image_url part needs image_url.url (a data URL)")
+    match = _DATA_URL.match(url)
+    if match is None:
+        scheme = url.split(":", 1)[0][:16] if ":" in url else "a path"
+        raise ImageRefused(
+            f"{where}: only inline images are accepted (data:image/png;base64,...); the"
+            f" gateway does not fetch URLs or read files ({scheme!r} given)"
+        )
+    mime = (match.group("mime") or "").lower().replace("image/jpg", "image/jpeg")
+    if mime not in FORMATS:
+        shown = mime or "(none)"
+        raise ImageRefused(f"{where}: image type {shown!r} is not one of {list(FORMATS)}")
+    payload = url[match.end() :]
+    if len(payload) // 4 * 3 > MAX_IMAGE_BYTES + 3:  # refused before decoding
+        raise ImageRefused(f"{where}: the image is over {MAX_IMAGE_BYTES} bytes decoded")
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ImageRefused(f"{where}: the data URL is not valid base64: {exc}") from exc
+    if len(data) > MAX_IMAGE_BYTES:
+        raise ImageRefused(f"{where}: the image is {len(data)} bytes, over {MAX_IMAGE_BYTES}")
+    found = sniff(data)
+    if found != mime:
+        raise ImageRefused(
+            f"{where}: declared {mime} but the bytes are {found or 'not a known image format'}"
+        )
+    return ImageInput(hashlib.sha256(data).hexdigest(), mime, data, message, index)
+
+
+def request_images(messages: list[dict[str, Any]] | None) -> tuple[ImageInput, ...]:
+    """Every image part of a conversation, in order, decoded and checked (ImageRefused)."""
+    found: list[ImageInput] = []
+    for m, message in enumerate(messages or ()):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for p, part in enumerate(content):
+            if not is_image_part(part):
+                continue
+            if len(found) == MAX_IMAGES:
+                raise ImageRefused(
+                    f"messages[{m}].content[{p}]: more than {MAX_IMAGES} images in one request"
+                )
+            found.append(decode_part(part, m, p))
+    return tuple(found)
+
+
+def cannot_see(engine: str) -> ImageRefused:
+    """The refusal of an engine that cannot take images."""
+    return ImageRefused(
+        f"engine {engine} cannot take images: send them to a vision engine (an HF"
+        " vision-language model, llama.cpp with a projector, or an OpenAI-compatible server)"
+    )
