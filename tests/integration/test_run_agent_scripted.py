@@ -177,7 +177,7 @@ async def test_a_broken_sandbox_is_an_infrastructure_failure_not_a_zero(store: S
 
 
 def desktop_script(messages: list[dict[str, Any]]) -> dict[str, Any]:
-    task = messages[1]["content"]
+    task = messages[1]["content"][0]["text"]  # the task, then the reset screenshot
     text = "hello" if "hello" in task else "2024-06-01"
     if turn_of(messages) == 0:
         return {"content": json.dumps({"name": "execute", "arguments": {"code": f"pyautogui.write('{text}')"}})
@@ -200,7 +200,7 @@ async def test_osworld_standin_n_rollouts_share_m_desktops(store: SqlStore) -> N
 
 async def test_osworld_standin_wrong_text_scores_zero(store: SqlStore) -> None:
     def typo(messages: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"content": 'CALL type_text {"text": "helo"}' if turn_of(messages) == 0 else "DONE"}
+        return {"content": 'CALL typing {"text": "helo"}' if turn_of(messages) == 0 else "DONE"}
 
     env = build_env_source(EnvSpec(mode="osworld", standin=True, desktop={"action_space": "computer_13"}))
     task = {"id": "t", "instruction": "Type hello", "expected": "hello"}

@@ -7,8 +7,13 @@ or after ``max_turns``. A turn is retried up to ``max_retries`` times on an engi
 unreadable tool call. Every turn is one Step (``ctx.emit("turn", …)``); the reward is computed
 by the mode's session from the final answer.
 
+Screenshots (OSWorld's, or web pages rendered in Chromium) reach the model as OpenAI image
+content parts: what the environment showed before any action goes with the task in the first
+user message; a step's screenshots follow its tool results in a user message of their own
+(``tool`` messages take text only).
+
 Settings come from ``ctx.metadata["run"]``: ``max_turns``, ``max_retries``, ``max_tokens``,
-``temperature``, ``model``.
+``temperature``, ``model``, ``observation`` (what web and osworld show the model).
 """
 
 from __future__ import annotations
@@ -29,11 +34,12 @@ from rollfleet.agents.toolcalls import (
     tool_instructions,
 )
 from rollfleet.envs import get_mode
-from rollfleet.envs.base import Session
+from rollfleet.envs.base import Observation, Session, first_observation, image_part, observation_of
 from rollfleet.errors import AgentError, EngineError
 from rollfleet.model import RolloutResult
 
 HISTORY_BUDGET_CHARS = 4500  # keeps prompts inside the bundled model's per-sequence context
+IMAGE_CHARS = 1000  # what an image counts for against that budget
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,7 @@ class LoopSettings:
     max_tokens: int = 256
     temperature: float = 0.7
     model: str | None = None
+    observation: str | None = None
 
     @classmethod
     def of(cls, metadata: dict[str, Any]) -> LoopSettings:
@@ -70,16 +77,27 @@ def rollout_seed(rollout_id: str) -> int:
     return int(hashlib.sha256(rollout_id.encode()).hexdigest()[:8], 16)
 
 
+def message_size(message: dict[str, Any]) -> int:
+    """A message's size against the history budget: its text, and IMAGE_CHARS an image."""
+    content = message.get("content") or ""
+    if isinstance(content, str):
+        return len(content)
+    return sum(
+        len(str(part.get("text") or "")) if part.get("type") == "text" else IMAGE_CHARS
+        for part in content
+    )
+
+
 def fit_history(
     messages: list[dict[str, Any]], budget: int = HISTORY_BUDGET_CHARS
 ) -> list[dict[str, Any]]:
     """Keep the system and task messages and as many recent turns as fit in ``budget``
-    characters."""
+    characters (an image counting IMAGE_CHARS)."""
     head, tail = messages[:2], messages[2:]
-    size = sum(len(str(m.get("content") or "")) for m in head)
+    size = sum(message_size(m) for m in head)
     kept: list[dict[str, Any]] = []
     for message in reversed(tail):
-        size += len(str(message.get("content") or ""))
+        size += message_size(message)
         if size > budget and kept:
             break
         kept.append(message)
@@ -171,12 +189,34 @@ def _observation(call: ToolCall, text: str) -> dict[str, Any]:
     return {"role": "user", "content": f"Observation from {call.name}:\n{text}"}
 
 
+def _screenshots(seen: list[tuple[str, Observation]]) -> list[dict[str, Any]]:
+    """One user message carrying the turn's screenshots (none when there are none)."""
+    parts: list[dict[str, Any]] = []
+    for name, observation in seen:
+        if observation.images:
+            parts.append({"type": "text", "text": f"Screenshot after {name}:"})
+            parts.extend(image_part(png) for png in observation.images)
+    return [{"role": "user", "content": parts}] if parts else []
+
+
+def task_message(prompt: str, first: Observation | None) -> dict[str, Any]:
+    """The first user message: the task, with what the environment shows before any action
+    (its text, and its screenshots as image parts)."""
+    if first is None:
+        return {"role": "user", "content": prompt}
+    text = f"{prompt}\n\n{first.text}" if first.text else prompt
+    if not first.images:
+        return {"role": "user", "content": text}
+    images = [image_part(png) for png in first.images]
+    return {"role": "user", "content": [{"type": "text", "text": text}, *images]}
+
+
 async def agent(input: Any, ctx: Any) -> RolloutResult:
     """Run one task of ``ctx.mode`` to a final answer and score it."""
     if ctx.llm is None:
         raise AgentError("the loop agent needs ctx.llm (start the runner with --llm-url)")
-    mode = get_mode(ctx.mode)
     settings = LoopSettings.of(ctx.metadata)
+    mode = get_mode(ctx.mode, settings.observation)
     session = await mode.open(input, ctx.env)
     if ctx.env is not None:
         ctx.emit(
@@ -190,7 +230,7 @@ async def agent(input: Any, ctx: Any) -> RolloutResult:
     system = mode.system_prompt(input) + (tool_instructions(session.tools) if session.tools else "")
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": system},
-        {"role": "user", "content": mode.user_prompt(input)},
+        task_message(mode.user_prompt(input), first_observation(session)),
     ]
     usage, answer = Usage(), ""
     turn_runner = Turn(ctx, session, settings, usage)
@@ -201,12 +241,20 @@ async def agent(input: Any, ctx: Any) -> RolloutResult:
         text, calls = await turn_runner.ask(messages, turn)
         usage.turns += 1
         messages.append(_assistant(text, calls))
-        observations = []
+        observations, seen = [], []
         for call in calls:
-            observation = await session.call(call.name, call.args)
+            seen.append((call.name, observation_of(await session.call(call.name, call.args))))
             usage.calls.append(call.name)
-            observations.append({"tool": call.name, "args": call.args, "observation": observation})
-            messages.append(_observation(call, observation))
+            observations.append(
+                {
+                    "tool": call.name,
+                    "args": call.args,
+                    "observation": seen[-1][1].text,
+                    "images": len(seen[-1][1].images),
+                }
+            )
+            messages.append(_observation(call, seen[-1][1].text))
+        messages.extend(_screenshots(seen))
         ctx.emit(
             "turn",
             {
@@ -219,6 +267,10 @@ async def agent(input: Any, ctx: Any) -> RolloutResult:
         )
         if not calls:
             answer = final_answer(text)
+            break
+        ended = [name for name, observation in seen if observation.done]
+        if ended:  # the environment's episode is over (e.g. the agent called done or fail)
+            answer = ended[-1]
             break
     score = await session.score(answer)
     ctx.emit(

@@ -116,6 +116,12 @@ def run_command(
     headless: bool = typer.Option(False, "--headless"),
     snapshot_name: str = typer.Option("init_state", "--snapshot-name"),
     client_password: str = typer.Option("password", "--client-password"),
+    observation: str = typer.Option(
+        None,
+        "--observation",
+        help="what the model is shown: web text (default), screenshot or both; osworld "
+        "screenshot (default), a11y_tree or screenshot_a11y_tree",
+    ),
     engine_per_runner: bool = typer.Option(
         False,
         "--engine-per-runner",
@@ -173,6 +179,7 @@ def run_command(
         unsafe_sandbox=unsafe_sandbox,
         engine_threads=engine_threads,
         keep_quant=keep_quant,
+        observation=observation,
     )
     try:
         summary = asyncio.run(run(opts, console))

@@ -15,10 +15,33 @@ from rollfleet.errors import InvalidInput
 from rollfleet.pool.base import EnvSource
 
 MODES = ("math", "py", "rag", "web", "osworld")
+# What the model is shown, per mode that has a choice (the first is the default).
+OBSERVATIONS = {
+    "web": ("text", "screenshot", "both"),
+    "osworld": ("screenshot", "a11y_tree", "screenshot_a11y_tree"),
+}
 
 
-def get_mode(name: str | None) -> Mode:
-    """The mode called ``name``; InvalidInput naming the known ones otherwise."""
+def check_observation(mode: str | None, observation: str | None) -> str | None:
+    """``observation`` if ``mode`` offers it (None: the mode's default); InvalidInput naming the
+    valid ones otherwise."""
+    if observation is None:
+        return None
+    valid = OBSERVATIONS.get(mode or "")
+    if valid is None:
+        offered = " and ".join(OBSERVATIONS)
+        raise InvalidInput(f"--observation is for the {offered} modes, not {mode!r}")
+    if observation not in valid:
+        raise InvalidInput(
+            f"--observation {observation!r}: {mode} takes {', '.join(valid)} (default {valid[0]})"
+        )
+    return observation
+
+
+def get_mode(name: str | None, observation: str | None = None) -> Mode:
+    """The mode called ``name`` (showing the model ``observation`` where the mode has a
+    choice); InvalidInput naming the known ones otherwise."""
+    observation = check_observation(name, observation)
     if name == "math":
         from rollfleet.envs.math import MathMode
 
@@ -34,11 +57,11 @@ def get_mode(name: str | None) -> Mode:
     if name == "web":
         from rollfleet.envs.web import WebMode
 
-        return WebMode()
+        return WebMode(observation)
     if name == "osworld":
         from rollfleet.envs.osworld import OSWorldMode
 
-        return OSWorldMode()
+        return OSWorldMode(observation)
     raise InvalidInput(f"unknown mode {name!r}; the modes are {', '.join(MODES)}")
 
 
@@ -130,6 +153,7 @@ def desktop_provider(spec: EnvSpec) -> Any:
 
 __all__ = [
     "MODES",
+    "OBSERVATIONS",
     "EnvSpec",
     "Mode",
     "Score",
@@ -137,6 +161,7 @@ __all__ = [
     "StaticEnv",
     "Tool",
     "build_env_source",
+    "check_observation",
     "desktop_options",
     "desktop_provider",
     "get_mode",

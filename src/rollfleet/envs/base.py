@@ -8,6 +8,7 @@ for ``py`` and ``osworld``, from running it); nothing is hard-coded.
 
 from __future__ import annotations
 
+import base64
 import re
 import string
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -23,15 +24,21 @@ ToolFn = Callable[[dict[str, Any]], Awaitable[str]]
 
 @dataclass(frozen=True)
 class Tool:
-    """One tool an environment offers: a name, what it does, its string parameters."""
+    """One tool an environment offers: a name, what it does, its parameters (strings unless
+    ``schema`` gives a parameter's JSON schema; all required but those in ``optional``)."""
 
     name: str
     description: str
     parameters: Mapping[str, str] = field(default_factory=dict)  # name -> description
+    schema: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    optional: frozenset[str] = frozenset()
 
     def openai(self) -> dict[str, Any]:
         """The tool in OpenAI's ``tools`` format."""
-        props = {k: {"type": "string", "description": v} for k, v in self.parameters.items()}
+        props = {
+            k: {**self.schema.get(k, {"type": "string"}), "description": v}
+            for k, v in self.parameters.items()
+        }
         return {
             "type": "function",
             "function": {
@@ -40,15 +47,39 @@ class Tool:
                 "parameters": {
                     "type": "object",
                     "properties": props,
-                    "required": list(self.parameters),
+                    "required": [k for k in self.parameters if k not in self.optional],
                 },
             },
         }
 
     def signature(self) -> str:
         """One line for a plain-text prompt: ``name {"arg": "..."}: description``."""
-        args = ", ".join(f'"{k}": "<{v}>"' for k, v in self.parameters.items())
+        args = ", ".join(
+            f'"{k}": "<{v}{", optional" if k in self.optional else ""}>"'
+            for k, v in self.parameters.items()
+        )
         return f"{self.name} {{{args}}}: {self.description}"
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What a tool call (or a reset) showed: text, and screenshots as PNG bytes; ``done`` when
+    the episode ended with it."""
+
+    text: str
+    images: tuple[bytes, ...] = ()
+    done: bool = False
+
+
+def image_part(png: bytes) -> dict[str, Any]:
+    """A PNG as an OpenAI chat content part (a base64 data URL)."""
+    url = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def observation_of(result: str | Observation) -> Observation:
+    """A tool's result as an Observation (a plain string is text only)."""
+    return result if isinstance(result, Observation) else Observation(result)
 
 
 @dataclass(frozen=True)
@@ -61,12 +92,16 @@ class Score:
 
 
 class Session(Protocol):
-    """One rollout's view of an environment."""
+    """One rollout's view of an environment.
+
+    A session may also have ``first: Observation | None`` (what the environment showed before
+    any action, e.g. OSWorld's reset screenshot), read with :func:`first_observation`.
+    """
 
     tools: list[Tool]
 
-    async def call(self, name: str, args: dict[str, Any]) -> str:
-        """Run a tool and return its observation as text."""
+    async def call(self, name: str, args: dict[str, Any]) -> str | Observation:
+        """Run a tool and return its observation (text, or an Observation with screenshots)."""
         ...
 
     async def score(self, answer: str) -> Score:
@@ -94,6 +129,12 @@ class Mode(Protocol):
     async def open(self, task: dict[str, Any], env: Any) -> Session:
         """A session for one rollout; ``env`` is ``ctx.env`` (an Instance) or None."""
         ...
+
+
+def first_observation(session: Session) -> Observation | None:
+    """What the session showed before any action (None for modes that show nothing)."""
+    first = getattr(session, "first", None)
+    return first if isinstance(first, Observation) else None
 
 
 def require_fields(task: Any, where: str, fields: Mapping[str, type | tuple[type, ...]]) -> None:

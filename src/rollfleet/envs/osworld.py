@@ -1,10 +1,21 @@
 """``osworld``: OSWorld desktop tasks through the pool's ``desktop`` provider.
 
 Task: OSWorld's own format, ``{"id": str, "instruction": str, "config": [...], "evaluator": {...}}``
-(any extra fields pass through to ``DesktopEnv.reset(task_config=...)``). Tools follow the
-action space: ``pyautogui`` → ``execute`` (a pyautogui snippet); ``computer_13`` →
-``type_text``, ``press_key``, ``click_at``. The reward is ``DesktopEnv.evaluate()`` after the
-agent's final answer, run on the VM; blocking DesktopEnv calls run in threads.
+(any extra fields pass through to ``DesktopEnv.reset(task_config=...)``).
+
+What the model sees (the ``observation`` run option, OSWorld's observation types):
+``screenshot`` (default) sends the reset screenshot with the task and each step's screenshot
+after the tool result, as image parts; ``a11y_tree`` sends the accessibility tree as text only
+(for engines that cannot see); ``screenshot_a11y_tree`` both.
+
+Tools follow the action space: ``computer_13`` → one tool per OSWorld action (see
+:mod:`rollfleet.envs.computer13`, arguments validated); ``pyautogui`` → ``execute`` with a
+snippet that is parsed and refused unless it is only ``pyautogui.<fn>(literal args)`` calls and
+``time.sleep`` (:mod:`rollfleet.pool.providers.pyautogui_code`); it is never run here, only sent
+to the VM through ``DesktopEnv.step``. Both spaces have ``wait``, ``fail`` and ``done``. The
+reward is ``DesktopEnv.evaluate()`` after the episode ends (the agent's ``done``/``fail``, or a
+final reply, which counts as DONE, or FAIL when it says FAIL), run on the VM; blocking
+DesktopEnv calls run in threads.
 """
 
 from __future__ import annotations
@@ -12,21 +23,20 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from rollfleet.envs.base import Score, Tool, handle_of, require_fields
+from rollfleet.envs.base import Observation, Score, Tool, handle_of, require_fields
+from rollfleet.envs.computer13 import COMPUTER_13_TOOLS, CONTROL, CONTROL_TOOLS, to_action
 from rollfleet.errors import InvalidInput, PoolError
+from rollfleet.pool.providers.pyautogui_code import RefusedCode, parse
 
-OBSERVATION_LIMIT = 2000
-_COMPUTER_13 = [
-    Tool("type_text", "type text with the keyboard", {"text": "what to type"}),
-    Tool("press_key", "press one key", {"key": "a key name such as enter"}),
-    Tool(
-        "click_at",
-        "click at screen coordinates",
-        {"x": "pixels from the left", "y": "pixels from the top"},
-    ),
-]
+OBSERVATION_LIMIT = 4000
+OBSERVATIONS = ("screenshot", "a11y_tree", "screenshot_a11y_tree")
 _PYAUTOGUI = [
-    Tool("execute", "run a pyautogui snippet on the desktop", {"code": "python using pyautogui"})
+    Tool(
+        "execute",
+        "run a pyautogui snippet on the desktop: only pyautogui.<function>(literal arguments) "
+        "calls and time.sleep(seconds)",
+        {"code": "python using pyautogui"},
+    )
 ]
 
 
@@ -38,64 +48,98 @@ def action_space_of(desktop: Any) -> str:
     return str(space or "pyautogui")
 
 
-def to_action(name: str, args: dict[str, Any]) -> Any:
-    """A tool call as a DesktopEnv action; InvalidInput for an unknown tool."""
+def screen_of(desktop: Any) -> tuple[int, int]:
+    """The desktop's screen size in pixels (OSWorld's 1920×1080 when it does not say)."""
+    size = getattr(desktop, "screen_size", None) or getattr(desktop, "kwargs", {}).get(
+        "screen_size"
+    )
+    return (int(size[0]), int(size[1])) if size else (1920, 1080)
+
+
+def to_desktop_action(name: str, args: dict[str, Any], screen: tuple[int, int]) -> Any:
+    """A tool call as a DesktopEnv action: checked pyautogui code, a computer_13 dict, or
+    WAIT/FAIL/DONE; InvalidInput (or RefusedCode) when it cannot be sent."""
     if name == "execute":
-        return str(args.get("code", ""))
-    if name == "type_text":
-        return {
-            "action_type": "TYPING",
-            "parameters": {"text": str(args.get("text", ""))},
-            "text": str(args.get("text", "")),
-        }
-    if name == "press_key":
-        return {"action_type": "PRESS", "parameters": {"key": str(args.get("key", ""))}}
-    if name == "click_at":
-        return {
-            "action_type": "CLICK",
-            "parameters": {"x": int(args.get("x", 0)), "y": int(args.get("y", 0))},
-        }
-    raise InvalidInput(f"unknown desktop tool {name!r}")
+        code = args.get("code")
+        if not isinstance(code, str) or not code.strip():
+            raise InvalidInput("execute: argument 'code' must be a non-empty string")
+        parse(code)  # refuses anything but pyautogui calls with literal arguments
+        return code
+    return to_action(name, args, screen)
 
 
-def describe(obs: Any) -> str:
-    """An observation as text: the accessibility tree when there is one."""
-    if isinstance(obs, dict):
-        tree = obs.get("accessibility_tree")
-        if tree:
-            return str(tree)[:OBSERVATION_LIMIT]
-        return (
-            "the screen changed" if obs.get("screenshot") else "no screenshot (is the VM running?)"
-        )
-    return str(obs)[:OBSERVATION_LIMIT]
+class View:
+    """Turns DesktopEnv observations into what the model is shown, per observation type."""
+
+    def __init__(self, observation: str) -> None:
+        """Show ``observation`` (one of OBSERVATIONS)."""
+        if observation not in OBSERVATIONS:
+            raise InvalidInput(
+                f"osworld: observation {observation!r}; the observations are "
+                + ", ".join(OBSERVATIONS)
+            )
+        self.observation = observation
+
+    def __call__(self, obs: Any, done: bool = False) -> Observation:
+        """The Observation for one DesktopEnv observation."""
+        obs = obs if isinstance(obs, dict) else {}
+        parts, images = [], []
+        if "a11y_tree" in self.observation:
+            tree = obs.get("accessibility_tree")
+            parts.append(
+                str(tree)[:OBSERVATION_LIMIT] if tree else "no accessibility tree came back"
+            )
+        if "screenshot" in self.observation:
+            shot = obs.get("screenshot")
+            if isinstance(shot, (bytes, bytearray)) and shot:
+                images.append(bytes(shot))
+                parts.append("the screen changed; its screenshot follows")
+            else:
+                parts.append("no screenshot (is the VM running?)")
+        if done:
+            parts.append("(the episode is over)")
+        return Observation("\n".join(parts), tuple(images), done)
 
 
 class OSWorldSession:
     """Drives one leased desktop."""
 
-    def __init__(self, task: dict[str, Any], desktop: Any) -> None:
-        """Act on ``desktop`` for ``task`` (already reset to it)."""
-        self.task, self.desktop = task, desktop
-        self.tools = _PYAUTOGUI if action_space_of(desktop) == "pyautogui" else _COMPUTER_13
+    def __init__(self, task: dict[str, Any], desktop: Any, view: View, first: Any = None) -> None:
+        """Act on ``desktop`` for ``task`` (already reset to it; ``first`` is the reset's
+        observation)."""
+        self.task, self.desktop, self.view = task, desktop, view
+        space = _PYAUTOGUI if action_space_of(desktop) == "pyautogui" else COMPUTER_13_TOOLS
+        self.tools: list[Tool] = [*space, *CONTROL_TOOLS]
+        self.first = view(first) if first is not None else None
+        self.ended: str | None = None
 
-    async def call(self, name: str, args: dict[str, Any]) -> str:
+    async def call(self, name: str, args: dict[str, Any]) -> str | Observation:
         """Apply one action on the desktop."""
         if name not in {t.name for t in self.tools}:
             known = ", ".join(t.name for t in self.tools)
             return f"error: unknown tool {name!r}; the tools are {known}"
         try:
-            action = to_action(name, args)
-        except (ValueError, InvalidInput) as exc:
+            action = to_desktop_action(name, args, screen_of(self.desktop))
+        except RefusedCode as exc:
+            return f"error: refused, not sent to the desktop: {exc}"
+        except InvalidInput as exc:
             return f"error: {exc}"
         obs, _reward, done, _info = await asyncio.to_thread(self.desktop.step, action)
-        return describe(obs) + ("\n(the episode is over)" if done else "")
+        if action in CONTROL and action != "WAIT":
+            self.ended, done = str(action), True
+        return self.view(obs, bool(done))
 
     async def score(self, answer: str) -> Score:
-        """Run the task's evaluator on the VM."""
-        await asyncio.to_thread(self.desktop.step, "DONE")
+        """End the episode (DONE, or FAIL when the answer says so) unless the agent did, then
+        run the task's evaluator on the VM."""
+        if self.ended is None:
+            self.ended = "FAIL" if answer.strip().upper() == "FAIL" else "DONE"
+            await asyncio.to_thread(self.desktop.step, self.ended)
         reward = float(await asyncio.to_thread(self.desktop.evaluate))
         return Score(
-            reward=reward, correct=reward >= 1.0, details={"evaluator": "DesktopEnv.evaluate"}
+            reward=reward,
+            correct=reward >= 1.0,
+            details={"evaluator": "DesktopEnv.evaluate", "ended": self.ended},
         )
 
 
@@ -103,6 +147,10 @@ class OSWorldMode:
     """OSWorld tasks on VMs leased from the desktop pool."""
 
     name = "osworld"
+
+    def __init__(self, observation: str | None = None) -> None:
+        """Show the model ``observation`` (default ``screenshot``)."""
+        self.view = View(observation or "screenshot")
 
     def check(self, task: Any, where: str) -> None:
         """OSWorld's ``id`` and ``instruction``; ``config`` a list and ``evaluator`` an object if
@@ -115,9 +163,16 @@ class OSWorldMode:
 
     def system_prompt(self, task: dict[str, Any]) -> str:
         """Explain the desktop."""
+        seen = {
+            "screenshot": "You see the screen as a screenshot after each action.",
+            "a11y_tree": "You see the screen as its accessibility tree after each action.",
+            "screenshot_a11y_tree": "You see a screenshot and the accessibility tree after "
+            "each action.",
+        }[self.view.observation]
         return (
-            "You operate an Ubuntu desktop to complete the user's task. Act with the tools, one "
-            "action per turn; when the task is complete, reply DONE."
+            "You operate an Ubuntu desktop to complete the user's task. "
+            f"{seen} Act with the tools, one action per turn; when the task is complete, call "
+            "done (or reply DONE); if it cannot be done, call fail."
         )
 
     def user_prompt(self, task: dict[str, Any]) -> str:
@@ -125,9 +180,9 @@ class OSWorldMode:
         return str(task["instruction"])
 
     async def open(self, task: dict[str, Any], env: Any) -> OSWorldSession:
-        """Reset the leased VM to the task and wrap it."""
+        """Reset the leased VM to the task and wrap it, keeping the reset's observation."""
         desktop = handle_of(env)
         if desktop is None or not hasattr(desktop, "step"):
             raise PoolError("osworld mode needs a desktop leased from the pool as ctx.env")
-        await asyncio.to_thread(desktop.reset, task_config=task)
-        return OSWorldSession(task, desktop)
+        first = await asyncio.to_thread(desktop.reset, task_config=task)
+        return OSWorldSession(task, desktop, self.view, first)

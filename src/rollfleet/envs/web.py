@@ -4,6 +4,11 @@ The site (``rollfleet/examples/web_site/``) is served by a :class:`WebSite` thre
 loopback port. Tools: ``open_url``, ``click`` (a link's number or text), ``find`` (lines of the
 page containing some text) and ``back``. Pages are shown as text with numbered links.
 Task: ``{"question": str, "answer": str, "start": "/index.html" (optional)}``.
+
+What the model sees (the ``observation`` run option): ``text`` (default) the page as text;
+``screenshot`` the page's title and path as text and the page rendered in headless Chromium as
+an image part (:mod:`rollfleet.envs.web_render`); ``both`` the text and the screenshot.
+Chromium starts only for the screenshot observations, once per served site.
 """
 
 from __future__ import annotations
@@ -19,10 +24,19 @@ from urllib.parse import urljoin, urlsplit
 
 import httpx
 
-from rollfleet.envs.base import Score, Tool, handle_of, normalize_answer, require_fields
+from rollfleet.envs.base import (
+    Observation,
+    Score,
+    Tool,
+    handle_of,
+    normalize_answer,
+    require_fields,
+)
+from rollfleet.envs.web_render import LazyRenderer, Renderer
 from rollfleet.errors import InvalidInput, PoolError
 
 PAGE_LIMIT = 1500
+OBSERVATIONS = ("text", "screenshot", "both")
 
 
 def bundled_site() -> Path:
@@ -49,6 +63,11 @@ class WebSite:
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="rollfleet-web", daemon=True
         )
+        self._renderer = LazyRenderer()
+
+    def renderer(self) -> Renderer:
+        """The site's Chromium renderer, started at the first call."""
+        return self._renderer.get()
 
     def start(self) -> WebSite:
         """Start serving."""
@@ -56,7 +75,8 @@ class WebSite:
         return self
 
     def close(self) -> None:
-        """Stop serving."""
+        """Stop serving (and Chromium, if it started)."""
+        self._renderer.close()
         self._server.shutdown()
         self._server.server_close()
 
@@ -180,8 +200,9 @@ def web_reward(answer: str, gold: str) -> Score:
 class WebSession:
     """Browses the served site."""
 
-    def __init__(self, task: dict[str, Any], site_url: str) -> None:
-        """Browse ``site_url`` for ``task``."""
+    def __init__(self, task: dict[str, Any], site: WebSite, observation: str = "text") -> None:
+        """Browse ``site`` for ``task``, showing the model ``observation``."""
+        self.site, self.observation = site, observation
         self.tools = [
             Tool(
                 "open_url",
@@ -198,22 +219,31 @@ class WebSession:
             ),
             Tool("back", "go back to the previous page"),
         ]
-        self.task, self.browser = task, Browser(site_url)
+        self.task, self.browser = task, Browser(site.url)
 
-    async def call(self, name: str, args: dict[str, Any]) -> str:
-        """Run one browser tool."""
+    async def call(self, name: str, args: dict[str, Any]) -> str | Observation:
+        """Run one browser tool (with a screenshot of the page it opened, when asked)."""
         try:
             if name == "open_url":
-                return await self.browser.open(str(args.get("url", "/index.html")))
-            if name == "click":
-                return await self.browser.click(str(args.get("link", "")))
-            if name == "find":
+                text = await self.browser.open(str(args.get("url", "/index.html")))
+            elif name == "click":
+                text = await self.browser.click(str(args.get("link", "")))
+            elif name == "find":
                 return self.browser.find(str(args.get("text", "")))
-            if name == "back":
-                return await self.browser.back()
+            elif name == "back":
+                text = await self.browser.back()
+            else:
+                return f"error: unknown tool {name!r}; the tools are open_url, click, find, back"
         except httpx.HTTPError as exc:
             return f"error: {exc}"
-        return f"error: unknown tool {name!r}; the tools are open_url, click, find, back"
+        if self.observation == "text" or text.startswith("error:") or self.browser.url is None:
+            return text
+        png = await self.site.renderer().screenshot(self.browser.url)
+        if self.observation == "screenshot":
+            page = self.browser.page
+            title = page.title if page is not None else ""
+            text = f"{title} ({urlsplit(self.browser.url).path}); its screenshot follows"
+        return Observation(text, (png,))
 
     async def score(self, answer: str) -> Score:
         """Exact match against the task's answer."""
@@ -224,6 +254,15 @@ class WebMode:
     """Questions answered by browsing the bundled site."""
 
     name = "web"
+
+    def __init__(self, observation: str | None = None) -> None:
+        """Show the model ``observation`` (``text``, ``screenshot`` or ``both``; default text)."""
+        observation = observation or "text"
+        if observation not in OBSERVATIONS:
+            raise InvalidInput(
+                f"web: observation {observation!r}; the observations are {', '.join(OBSERVATIONS)}"
+            )
+        self.observation = observation
 
     def check(self, task: Any, where: str) -> None:
         """``question``, ``answer`` and an optional ``start`` path."""
@@ -250,4 +289,4 @@ class WebMode:
         site = handle_of(env)
         if not isinstance(site, WebSite):
             raise PoolError("web mode needs the served site as ctx.env")
-        return WebSession(task, site.url)
+        return WebSession(task, site, self.observation)

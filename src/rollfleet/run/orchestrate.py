@@ -30,7 +30,13 @@ from rich.console import Console
 
 from rollfleet.client import connect
 from rollfleet.compose import control_plane_parts
-from rollfleet.envs import EnvSpec, desktop_options, desktop_provider, get_mode
+from rollfleet.envs import (
+    EnvSpec,
+    check_observation,
+    desktop_options,
+    desktop_provider,
+    get_mode,
+)
 from rollfleet.errors import AgentError, InvalidInput, RollfleetError
 from rollfleet.model import ACTIVE_ROLLOUT, TERMINAL_ROLLOUT, Rollout, RolloutStatus
 from rollfleet.run.outputs import summarize, trajectory, write_outputs
@@ -77,6 +83,7 @@ class RunOptions:
     unsafe_sandbox: bool = False
     engine_threads: int | None = None
     keep_quant: bool = False
+    observation: str | None = None
 
     def check(self) -> None:
         """Refuse impossible numbers before anything starts."""
@@ -89,6 +96,7 @@ class RunOptions:
             raise InvalidInput(f"--engine-threads must be 1 to 1024, got {self.engine_threads}")
         if self.mode == "osworld":
             desktop_options(self.desktop)  # InvalidInput naming a bad --provider-name & co.
+        check_observation(self.mode, self.observation)
         if self.max_retries < 0:
             raise InvalidInput(f"--max-retries must be 0 or more, got {self.max_retries}")
         if self.engine is None and self.model is not None and not Path(self.model).is_file():
@@ -115,7 +123,15 @@ class RunOptions:
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,
             "model": model,
+            **({"observation": self.observation} if self.observation else {}),
         }
+
+    def desktop_settings(self) -> dict[str, Any]:
+        """The OSWorld options; the accessibility tree is fetched only when it is shown."""
+        if self.mode != "osworld":
+            return self.desktop
+        shown = "a11y_tree" in (self.observation or "screenshot")
+        return {**self.desktop, "require_a11y_tree": shown}
 
     def env_spec(self) -> EnvSpec:
         """The ``ctx.env`` runners give rollouts."""
@@ -123,7 +139,7 @@ class RunOptions:
             mode=self.mode,
             use_pool=self.use_vm_pool,
             num_instances=self.num_vms,
-            desktop=self.desktop,
+            desktop=self.desktop_settings(),
             standin=self.standin,
             sandbox={"isolation": "none"} if self.unsafe_sandbox else {},
         )
@@ -167,9 +183,13 @@ def engine_threads(mode: str) -> int:
 
 def preflight(opts: RunOptions) -> None:
     """Fail fast when the mode's environment cannot exist here (osworld without a hypervisor,
-    py without bubblewrap)."""
+    py without bubblewrap, web screenshots without Chromium)."""
     if opts.mode == "osworld" and opts.store is None:
         desktop_provider(opts.env_spec()).preflight()
+    if opts.mode == "web" and opts.observation in ("screenshot", "both") and opts.store is None:
+        from rollfleet.envs.web_render import find_chromium
+
+        find_chromium()
     if opts.mode == "py":
         from rollfleet.pool import SandboxLimits, SandboxProvider
 

@@ -4,7 +4,8 @@ The options are the seed's OSWorld flags. Before the pool starts anything, :meth
 makes a missing package or hypervisor a clear error (``vmrun`` for vmware, ``VBoxManage``
 for virtualbox, a reachable docker engine for docker, boto3 and a region for aws).
 Reset reverts the VM to its snapshot (``DesktopEnv.reset``); check takes a screenshot.
-:class:`DesktopEnvStandIn` behaves like ``DesktopEnv`` for tests on machines with no VM.
+:class:`DesktopEnvStandIn` (in :mod:`~rollfleet.pool.providers.desktop_standin`) behaves like
+``DesktopEnv`` for tests on machines with no VM.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollfleet.errors import PoolError
+from rollfleet.pool.providers.desktop_standin import DesktopEnvStandIn
+
+__all__ = ["DesktopEnvStandIn", "DesktopOptions", "DesktopProvider", "check_hypervisor"]
 
 HYPERVISOR_TOOL = {"vmware": "vmrun", "virtualbox": "VBoxManage", "docker": "docker"}
 
@@ -155,78 +159,3 @@ class DesktopProvider:
         """The in-VM server's URL, when the env exposes its address."""
         ip = getattr(handle, "vm_ip", None)
         return f"http://{ip}:{getattr(handle, 'server_port', 5000)}" if ip else None
-
-
-class _StandInController:
-    def __init__(self, env: DesktopEnvStandIn) -> None:
-        self._env = env
-
-    def get_screenshot(self) -> bytes | None:
-        """A fake PNG of the 'screen', or None when the VM is down."""
-        if self._env.closed or self._env.crashed:
-            return None
-        return b"\x89PNG\r\n\x1a\n" + self._env.screen.encode()
-
-
-class DesktopEnvStandIn:
-    """Behaves like OSWorld's DesktopEnv (reset/step/evaluate/close) with no VM behind it.
-
-    The 'screen' is a text buffer: ``step`` with a TYPING action (computer_13) or a
-    ``pyautogui.write('…')`` string appends to it; ``reset`` reverts it to the snapshot;
-    ``evaluate`` scores 1.0 when the screen matches the task's ``expected`` text.
-    """
-
-    def __init__(self, **kwargs: Any) -> None:
-        """Accept DesktopEnv's keyword arguments."""
-        self.kwargs = kwargs
-        self.vm_ip, self.server_port = "127.0.0.1", 5000
-        self.screen = ""
-        self.task_config: dict[str, Any] | None = None
-        self.closed = self.crashed = False
-        self.resets = self.steps = 0
-        self.controller = _StandInController(self)
-
-    def _obs(self) -> dict[str, Any]:
-        task = self.task_config or {}
-        return {
-            "screenshot": self.controller.get_screenshot(),
-            "instruction": task.get("instruction"),
-        }
-
-    def reset(
-        self, task_config: dict[str, Any] | None = None, seed: Any = None, options: Any = None
-    ) -> dict[str, Any]:
-        """Revert to the snapshot (an empty screen); remember the task."""
-        if self.closed:
-            raise RuntimeError("DesktopEnv is closed")
-        self.screen, self.task_config, self.crashed = "", task_config, False
-        self.resets += 1
-        return self._obs()
-
-    def step(
-        self, action: Any, pause: float = 0
-    ) -> tuple[dict[str, Any], float, bool, dict[str, Any]]:
-        """Apply one action; returns (obs, reward, done, info) like DesktopEnv."""
-        if self.closed or self.crashed:
-            raise RuntimeError("the VM is not running")
-        self.steps += 1
-        if action in ("DONE", "FAIL"):
-            return self._obs(), 0.0, True, {"done": action}
-        if isinstance(action, dict) and action.get("action_type") == "TYPING":
-            self.screen += str(action.get("text", ""))
-        elif (
-            isinstance(action, str)
-            and action.startswith("pyautogui.write(")
-            and action.endswith(")")
-        ):
-            self.screen += action[len("pyautogui.write(") : -1].strip("'\"")
-        return self._obs(), 0.0, False, {}
-
-    def evaluate(self) -> float:
-        """1.0 when the screen shows the task's ``expected`` text, else 0.0."""
-        expected = (self.task_config or {}).get("expected")
-        return 1.0 if expected is not None and self.screen == expected else 0.0
-
-    def close(self) -> None:
-        """Stop the 'VM'."""
-        self.closed = True
