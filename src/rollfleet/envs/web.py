@@ -275,9 +275,14 @@ class WebMode:
 
     def system_prompt(self, task: dict[str, Any]) -> str:
         """Explain browsing."""
+        seen = {
+            "text": "",
+            "screenshot": " You see each page you open as a screenshot.",
+            "both": " You see each page you open as text and as a screenshot.",
+        }[self.observation]
         return (
             "You answer questions by browsing a small website. Open pages, click links and "
-            "find text; then give only the short answer."
+            f"find text; then give only the short answer.{seen}"
         )
 
     def user_prompt(self, task: dict[str, Any]) -> str:
