@@ -187,3 +187,19 @@ def test_an_unknown_provider_name_lists_the_valid_ones() -> None:
         desktop_options({"provider_name": "qemu"})
     assert str(bad.value) == "--provider-name 'qemu': must be 'vmware', 'virtualbox', 'docker' or 'aws'"
     assert desktop_options({"provider_name": "docker"}).provider_name == "docker"
+
+
+def test_history_counts_an_image_by_a_fixed_budget_not_its_base64() -> None:
+    from rollfleet.agents.loop import IMAGE_CHARS, fit_history, message_size, task_message
+
+    shot = Observation("the screen", (b"\x89PNG" + b"x" * 50_000,))
+    first = task_message("Type hello", shot)
+    assert first["content"][0] == {"type": "text", "text": "Type hello\n\nthe screen"}
+    assert message_size(first) == len("Type hello\n\nthe screen") + IMAGE_CHARS
+    turns = [{"role": "assistant", "content": f"turn {i}"} for i in range(8)]
+    screens = [{"role": "user", "content": first["content"][1:]} for _ in range(8)]
+    history = [{"role": "system", "content": "s"}, first,
+               *[m for pair in zip(turns, screens, strict=True) for m in pair]]
+    kept = fit_history(history)
+    assert kept[:2] == history[:2] and kept[-1] is history[-1]
+    assert len(kept) == 2 + 6  # the 3 last turns and their screenshots fit 4,500 characters
