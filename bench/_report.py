@@ -315,6 +315,31 @@ def chaos_rows(d: dict[str, Any]) -> list[str]:
             f"{d['chaos_vs_calm']:.2f}× (goal ≥ 0.5) |"]
 
 
+def fleet_rows(d: dict[str, Any]) -> list[str]:
+    """One row per runner count: 2 replicas against 1 on PostgreSQL (bench/fleet.py)."""
+    by = {(p["runners"], p["replicas"]): p for p in d["points"]}
+
+    def cell(p: dict[str, Any]) -> str:
+        c, lat = p["completions_per_s"], p["claim_p50_ms"]
+        p99, cpu, err = p["claim_p99_ms"], p["server_cpu"], p["error_count"]
+        return (f"{c['median']:,.0f} [{c['min']:,.0f}–{c['max']:,.0f}]/s, claim p50 / p99 "
+                f"{lat['median']:,.1f} / {p99['median']:,.0f} ms, server {cpu['median']:.2f} cores, "
+                f"{err['median']:,.0f} errors")
+
+    rows = []
+    for runners in sorted({r for r, _ in by}):
+        one, two = by.get((runners, 1)), by.get((runners, 2))
+        if not one or not two:
+            continue
+        ratio = two["completions_per_s"]["median"] / max(one["completions_per_s"]["median"], 1e-9)
+        rows.append(f"| fleet | completions/s of {runners:,} simulated runners (agent 0.5–2 s, one long-poll "
+                    f"connection each) on PostgreSQL, median [range] of {d['rounds']} alternating rounds of "
+                    f"{d['seconds_per_point']:.0f} s, 2 cores shared by servers, PostgreSQL and clients "
+                    f"([docs/scale.md](docs/scale.md)) | 2 replicas: {cell(two)} | 1 replica: {cell(one)} | "
+                    f"{ratio:.2f}× |")
+    return rows
+
+
 SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
     ("store_throughput", store_rows), ("end_to_end", e2e_rows), ("pool", pool_rows), ("engines", engine_rows),
     ("stragglers", straggler_rows), ("dashboard", dashboard_rows), ("cluster", cluster_rows), ("run", run_rows), ("weights", weights_rows),
@@ -323,6 +348,7 @@ SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
     ("wire_parse", wire_rows), ("refactor_ab", ab_rows), ("sandbox", sandbox_rows),
     ("train_sched", train_sched_rows), ("train_step", train_step_rows), ("train", train_rows),
     ("chaos", chaos_rows),
+    ("fleet", fleet_rows),
 ]
 
 
