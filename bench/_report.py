@@ -320,11 +320,10 @@ def fleet_rows(d: dict[str, Any]) -> list[str]:
     by = {(p["runners"], p["replicas"]): p for p in d["points"]}
 
     def cell(p: dict[str, Any]) -> str:
-        c, lat = p["completions_per_s"], p["claim_p50_ms"]
-        p99, cpu, err = p["claim_p99_ms"], p["server_cpu"], p["error_count"]
-        return (f"{c['median']:,.0f} [{c['min']:,.0f}–{c['max']:,.0f}]/s, claim p50 / p99 "
-                f"{lat['median']:,.1f} / {p99['median']:,.0f} ms, server {cpu['median']:.2f} cores, "
-                f"{err['median']:,.0f} errors")
+        med = {k: p[k]["median"] for k in ("claim_p50_ms", "claim_p99_ms", "server_cpu", "error_count")}
+        c = p["completions_per_s"]
+        return (f"{c['median']:,.0f} [{c['min']:,.0f}–{c['max']:,.0f}]/s, claim p50 / p99 {med['claim_p50_ms']:,.1f} "
+                f"/ {med['claim_p99_ms']:,.0f} ms, server {med['server_cpu']:.2f} cores, {med['error_count']:,.0f} errors")
 
     rows = []
     for runners in sorted({r for r, _ in by}):
