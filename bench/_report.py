@@ -339,6 +339,26 @@ def fleet_rows(d: dict[str, Any]) -> list[str]:
     return rows
 
 
+def multimodal_rows(d: dict[str, Any]) -> list[str]:
+    """Image delta on the HF tiny VLM: per-turn latency with and without the cache (bench/multimodal.py)."""
+    lat = d.get("latency")
+    if not lat:
+        return []
+    last, total = lat["per_turn_s"][-1], lat["conversation_s"]
+
+    def cell(s: dict[str, float]) -> str:
+        return f"{s['median'] * 1000:,.0f} [{s['min'] * 1000:,.0f}–{s['max'] * 1000:,.0f}] ms"
+
+    calls = lat["encoder_calls"]
+    return [f"| multimodal | turn {last['turn']} latency of a {lat['turns']}-turn screenshot conversation resent "
+            f"whole each turn (tiny random VLM, HF, CPU), image delta vs no cache, median [range] of "
+            f"{lat['rounds']} alternating rounds; encoder calls {calls['cached']} vs {calls['uncached']}, same "
+            f"tokens: {lat['same_tokens']} | {cell(last['cached'])} | {cell(last['uncached'])} (no cache) | "
+            f"{lat['last_turn_speedup']:.2f}× |",
+            f"| multimodal | the whole {lat['turns']}-turn conversation, image delta vs no cache | "
+            f"{cell(total['cached'])} | {cell(total['uncached'])} (no cache) | {lat['conversation_speedup']:.2f}× |"]
+
+
 SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
     ("store_throughput", store_rows), ("end_to_end", e2e_rows), ("pool", pool_rows), ("engines", engine_rows),
     ("stragglers", straggler_rows), ("dashboard", dashboard_rows), ("cluster", cluster_rows), ("run", run_rows), ("weights", weights_rows),
@@ -348,6 +368,7 @@ SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
     ("train_sched", train_sched_rows), ("train_step", train_step_rows), ("train", train_rows),
     ("chaos", chaos_rows),
     ("fleet", fleet_rows),
+    ("multimodal", multimodal_rows),
 ]
 
 

@@ -9,10 +9,10 @@ import importlib.util
 import io
 
 import pytest
+from support import require
 
 from rollfleet.engines.base import Delta, Generation, GenerationRequest, SamplingParams
 from rollfleet.engines.images import ImageRefused, image_part
-from support import require
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 

@@ -29,9 +29,15 @@ def make_engine(
     url: str | None = None,
     port: int = 8000,
     index: int = 0,
+    mmproj: str | None = None,
 ) -> Engine:
-    """An engine of ``kind`` (not started); ``index`` offsets ports for several replicas."""
+    """An engine of ``kind`` (not started); ``index`` offsets ports for several replicas; a
+    llama.cpp engine given a projector file (``mmproj``) takes images."""
     kind = EngineKind(kind)
+    if kind is EngineKind.LLAMACPP and mmproj:
+        from rollfleet.engines.llamacpp_vision import LlamaCppVisionEngine
+
+        return LlamaCppVisionEngine(model, mmproj)
     if kind is EngineKind.LLAMACPP:
         from rollfleet.engines.llamacpp import LlamaCppEngine
 
@@ -67,6 +73,7 @@ async def build_gateway(
     url: str | None = None,
     recorder: Recorder | None = None,
     engine_port: int = 8000,
+    mmproj: str | None = None,
 ) -> Gateway:
     """Start ``replicas`` engines of ``kind`` and a gateway routing to them."""
     if replicas < 1:
@@ -74,7 +81,9 @@ async def build_gateway(
     gateway = Gateway(recorder)
     try:
         for index in range(replicas):
-            engine = make_engine(kind, model=model, url=url, port=engine_port, index=index)
+            engine = make_engine(
+                kind, model=model, url=url, port=engine_port, index=index, mmproj=mmproj
+            )
             await engine.start()
             gateway.add_replica(engine)
     except BaseException:

@@ -79,7 +79,13 @@ def tiny_hf_model(seed: int = 0, hidden: int = 64, layers: int = 2) -> tuple[Any
 
 
 def tiny_vlm(
-    seed: int = 0, hidden: int = 64, layers: int = 2, tile: int = 32, patch: int = 8
+    seed: int = 0,
+    hidden: int = 64,
+    layers: int = 2,
+    tile: int = 32,
+    patch: int = 8,
+    vision_hidden: int = 32,
+    vision_layers: int = 2,
 ) -> tuple[Any, Any]:
     """A small random-weight Idefics3 (SmolVLM's architecture) and its processor, built offline.
 
@@ -106,9 +112,9 @@ def tiny_vlm(
     torch.manual_seed(seed)
     config = Idefics3Config(
         vision_config={
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
+            "hidden_size": vision_hidden,
+            "intermediate_size": vision_hidden * 2,
+            "num_hidden_layers": vision_layers,
             "num_attention_heads": 2,
             "image_size": tile,
             "patch_size": patch,

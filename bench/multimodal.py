@@ -1,0 +1,138 @@
+"""Image delta on the HF vision engine (``python -m bench multimodal``).
+
+Latency (:func:`latency`): an agent's 5-turn screenshot conversation, resent whole every turn
+with one new screenshot (as agents do), on a tiny random VLM built from a config (Idefics3,
+SmolVLM's architecture, no weights to download), greedy, 8 new tokens a turn. Side A keeps the
+image-delta cache (each screenshot encoded once), side B has none (every screenshot of the
+conversation encoded again each turn). Rounds alternate A B A B A B, each round on a fresh
+cache; figures are medians with their range. Writes ``bench/results/multimodal.json`` under
+``latency`` (other measurements add their own keys to ``figures`` in :func:`main`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import statistics
+import time
+from typing import Any
+
+from bench._common import table, write_results
+
+COMMAND = "python -m bench multimodal"
+ROUNDS = 3
+TURNS = 5
+NEW_TOKENS = 8
+CACHE_BYTES = 256 * 1024 * 1024
+# a bigger vision tower than the tests' so that encoding weighs as it does in real VLMs:
+# 64-pixel tiles in 8-pixel patches, 4 layers of width 128; a screenshot is 2x2 tiles + a view
+VLM = {"tile": 64, "patch": 8, "vision_hidden": 128, "vision_layers": 4}
+SCREEN = (128, 96)
+
+
+def _screenshot(turn: int) -> bytes:
+    """A distinct screenshot-like PNG per turn: a window, a title bar, a moving button."""
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", SCREEN, (236, 236, 236))
+    draw = ImageDraw.Draw(image)
+    draw.rectangle((6, 6, 121, 89), fill=(255, 255, 255), outline=(90, 90, 90))
+    draw.rectangle((6, 6, 121, 16), fill=(40, 80, 160))
+    draw.rectangle((12 + 18 * turn, 40, 30 + 18 * turn, 52), fill=(200, 60 + 30 * turn, 60))
+    draw.text((14, 60), f"step {turn}", fill=(0, 0, 0))
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def _conversation(turns: int) -> list[dict[str, Any]]:
+    from rollfleet.engines.images import image_part
+
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You operate a desktop."}]
+    for turn in range(turns):
+        if turn:
+            messages.append({"role": "assistant", "content": f"click({turn * 18}, 46)"})
+        messages.append({"role": "user", "content": [
+            {"type": "text", "text": f"Observation {turn}. Next action?"},
+            image_part(_screenshot(turn))]})  # fmt: skip
+    return messages
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+async def _one_conversation(engine: Any, cache_bytes: int) -> tuple[list[float], list[list[int]]]:
+    """Per-turn seconds and tokens of one conversation on a fresh cache of ``cache_bytes``."""
+    from rollfleet.engines.base import GenerationRequest, SamplingParams
+    from rollfleet.engines.hf_vision import ImageCache
+
+    engine.images, engine.encoder_calls = ImageCache(cache_bytes), 0
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    seconds, tokens = [], []
+    for turns in range(1, TURNS + 1):
+        request = GenerationRequest(messages=_conversation(turns), params=params)
+        started = time.perf_counter()
+        result = await engine.generate(request)
+        seconds.append(time.perf_counter() - started)
+        tokens.append(result.completion_token_ids)
+    return seconds, tokens
+
+
+async def _latency() -> dict[str, Any]:
+    from rollfleet.engines.hf_vision import HFVisionEngine
+    from rollfleet.engines.tiny import tiny_vlm
+
+    engine = HFVisionEngine(*tiny_vlm(**VLM), max_batch=1)
+    await engine.start()
+    sides = {"cached": CACHE_BYTES, "uncached": 0}
+    runs: dict[str, list[list[float]]] = {side: [] for side in sides}
+    calls: dict[str, int] = {}
+    tokens: dict[str, list[list[int]]] = {}
+    try:
+        await _one_conversation(engine, CACHE_BYTES)  # warm-up: first calls allocate
+        for _ in range(ROUNDS):
+            for side, cache_bytes in sides.items():  # A B, A B, A B
+                seconds, tokens[side] = await _one_conversation(engine, cache_bytes)
+                runs[side].append(seconds)
+                calls[side] = engine.encoder_calls
+    finally:
+        await engine.stop()
+    per_turn = [{"turn": t + 1, **{side: _spread([r[t] for r in runs[side]]) for side in sides}}
+                for t in range(TURNS)]  # fmt: skip
+    totals = {side: _spread([sum(r) for r in runs[side]]) for side in sides}
+    return {
+        "model": f"tiny random Idefics3 built from a config ({VLM}), screenshots {SCREEN}",
+        "rounds": ROUNDS, "turns": TURNS, "new_tokens": NEW_TOKENS,
+        "per_turn_s": per_turn, "conversation_s": totals, "encoder_calls": calls,
+        "same_tokens": tokens["cached"] == tokens["uncached"],
+        "last_turn_speedup": per_turn[-1]["uncached"]["median"] / per_turn[-1]["cached"]["median"],
+        "conversation_speedup": totals["uncached"]["median"] / totals["cached"]["median"],
+    }  # fmt: skip
+
+
+def latency() -> dict[str, Any]:
+    """Per-turn latency of the 5-turn screenshot conversation with and without image delta."""
+    return asyncio.run(_latency())
+
+
+def _ms(s: dict[str, float]) -> str:
+    return f"{s['median'] * 1000:.0f} [{s['min'] * 1000:.0f}–{s['max'] * 1000:.0f}]"
+
+
+def main() -> dict[str, Any]:
+    """Measure; print a table and write bench/results/multimodal.json."""
+    figures = {"latency": latency()}
+    lat = figures["latency"]
+    rows = [[str(t["turn"]), _ms(t["cached"]), _ms(t["uncached"]),
+             f"{t['uncached']['median'] / t['cached']['median']:.2f}×"] for t in lat["per_turn_s"]]
+    rows.append(["all 5", _ms(lat["conversation_s"]["cached"]),
+                 _ms(lat["conversation_s"]["uncached"]), f"{lat['conversation_speedup']:.2f}×"])
+    table(f"per-turn latency, ms, median \\[range] of {ROUNDS} alternating rounds; encoder calls "
+          f"{lat['encoder_calls']['cached']} vs {lat['encoder_calls']['uncached']}, same tokens: "
+          f"{lat['same_tokens']}", ["turn", "image delta", "no cache", "ratio"], rows)  # fmt: skip
+    return write_results("multimodal", figures, COMMAND)
+
+
+if __name__ == "__main__":
+    main()
