@@ -6,6 +6,9 @@ Endpoints (also under ``/r/{rollout_id}/{attempt_id}/…``, the path form of the
 ``GET /v1/rollfleet/replicas``. The rollout and attempt come from the path or from the
 ``X-Rollfleet-Rollout`` / ``X-Rollfleet-Attempt`` headers. Responses carry token ids the way
 vLLM does (``prompt_token_ids``, ``choices[i].token_ids``) so agents can read them too.
+Chat messages may hold OpenAI ``image_url`` parts with data URLs; they are decoded and checked
+when the body is parsed and go only to replicas that see (:mod:`rollfleet.engines.images`):
+anything else is a 400 naming the part or the engine, before a stream starts.
 """
 
 from __future__ import annotations
