@@ -356,7 +356,19 @@ def multimodal_rows(d: dict[str, Any]) -> list[str]:
             f"tokens: {lat['same_tokens']} | {cell(last['cached'])} | {cell(last['uncached'])} (no cache) | "
             f"{lat['last_turn_speedup']:.2f}× |",
             f"| multimodal | the whole {lat['turns']}-turn conversation, image delta vs no cache | "
-            f"{cell(total['cached'])} | {cell(total['uncached'])} (no cache) | {lat['conversation_speedup']:.2f}× |"]
+            f"{cell(total['cached'])} | {cell(total['uncached'])} (no cache) | {lat['conversation_speedup']:.2f}× |",
+            *storage_rows(d.get("storage"))]
+
+
+def storage_rows(st: dict[str, Any] | None) -> list[str]:
+    """Bytes stored per screenshot trajectory: images by content vs inline base64."""
+    if not st:
+        return []
+    return [f"| multimodal | bytes stored per trajectory, {st['turns']}-turn conversation with one new 1280x720 PNG "
+            f"screenshot a turn, each step carrying the whole conversation (real SQLite store) | "
+            f"{st['content_addressed_bytes_per_trajectory'] / 1e3:,.0f} kB (images once, by content) | "
+            f"{st['inline_base64_bytes_per_trajectory'] / 1e3:,.0f} kB (inline base64, as before) | "
+            f"{st['ratio']:.1f}× less |"]
 
 
 SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [

@@ -7,6 +7,11 @@ image-delta cache (each screenshot encoded once), side B has none (every screens
 conversation encoded again each turn). Rounds alternate A B A B A B, each round on a fresh
 cache; figures are medians with their range. Writes ``bench/results/multimodal.json`` under
 ``latency`` (other measurements add their own keys to ``figures`` in :func:`main`).
+
+Storage (:func:`storage`): the same kind of conversation (1280x720 PNG screenshots drawn with
+Pillow, one new per turn, every LLM step carrying the whole conversation) recorded through a real
+SQLite store, which keeps each image once by content; against the bytes the same steps take
+inline as base64 (what the steps table held before). Bytes are deterministic: no rounds.
 """
 
 from __future__ import annotations
@@ -116,14 +121,72 @@ def latency() -> dict[str, Any]:
     return asyncio.run(_latency())
 
 
+def _screenshot(turn: int) -> bytes:
+    """A 1280x720 PNG desktop stand-in: a window, a cursor and text that change each turn."""
+    import io
+
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGB", (1280, 720), (235, 238, 242))
+    draw = ImageDraw.Draw(img)
+    draw.rectangle((80 + 20 * turn, 60, 900 + 20 * turn, 600), fill=(255, 255, 255), outline=(120, 120, 120))
+    for line in range(12):
+        draw.text((100 + 20 * turn, 80 + 40 * line), f"turn {turn} line {line}: the quick brown fox", fill=(20, 20, 20))
+    draw.ellipse((600 + 30 * turn, 400, 612 + 30 * turn, 412), fill=(200, 30, 30))
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+async def _stored_bytes(turns: int, trajectories: int) -> dict[str, Any]:
+    """Bytes a real SQLite store keeps for screenshot conversations, against inline base64."""
+    import base64
+    import sqlite3
+    import tempfile
+
+    import orjson
+
+    from rollfleet.model import StepIn
+    from rollfleet.store import open_sql_store
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store = open_sql_store(f"sqlite:///{tmp}/mm.db")
+        inline = 0
+        for t in range(trajectories):
+            await store.enqueue_rollout({"task": t}, rollout_id=f"mm-{t}")
+            attempt = (await store.claim("w"))[0].attempt.attempt_id
+            messages: list[dict[str, Any]] = []
+            for turn in range(turns):
+                url = "data:image/png;base64," + base64.b64encode(_screenshot(turns * t + turn)).decode()
+                messages.append({"role": "user", "content": [{"type": "text", "text": f"turn {turn}"},
+                                                             {"type": "image_url", "image_url": {"url": url}}]})
+                payload = {"messages": list(messages), "text": "CLICK 100 200"}
+                inline += len(orjson.dumps(payload))  # what the steps table held before
+                await store.add_steps(attempt, [StepIn(kind="llm", payload=payload)])
+        await store.close()
+        with sqlite3.connect(f"{tmp}/mm.db") as conn:
+            steps = conn.execute("SELECT SUM(LENGTH(payload)) FROM steps").fetchone()[0]
+            blobs, count = conn.execute("SELECT SUM(size), COUNT(*) FROM blobs").fetchone()
+    return {"turns": turns, "trajectories": trajectories, "images": count,
+            "inline_base64_bytes_per_trajectory": inline / trajectories,
+            "content_addressed_bytes_per_trajectory": (steps + blobs) / trajectories,
+            "step_rows_bytes_per_trajectory": steps / trajectories,
+            "ratio": inline / (steps + blobs)}
+
+
+def storage() -> dict[str, Any]:
+    """Bytes stored per trajectory of 5-turn screenshot conversations: by content vs inline."""
+    return asyncio.run(_stored_bytes(TURNS, trajectories=4))
+
+
 def _ms(s: dict[str, float]) -> str:
     return f"{s['median'] * 1000:.0f} [{s['min'] * 1000:.0f}–{s['max'] * 1000:.0f}]"
 
 
 def main() -> dict[str, Any]:
     """Measure; print a table and write bench/results/multimodal.json."""
-    figures = {"latency": latency()}
-    lat = figures["latency"]
+    figures = {"latency": latency(), "storage": storage()}
+    lat, st = figures["latency"], figures["storage"]
     rows = [[str(t["turn"]), _ms(t["cached"]), _ms(t["uncached"]),
              f"{t['uncached']['median'] / t['cached']['median']:.2f}×"] for t in lat["per_turn_s"]]
     rows.append(["all 5", _ms(lat["conversation_s"]["cached"]),
@@ -131,6 +194,8 @@ def main() -> dict[str, Any]:
     table(f"per-turn latency, ms, median \\[range] of {ROUNDS} alternating rounds; encoder calls "
           f"{lat['encoder_calls']['cached']} vs {lat['encoder_calls']['uncached']}, same tokens: "
           f"{lat['same_tokens']}", ["turn", "image delta", "no cache", "ratio"], rows)  # fmt: skip
+    print(f"stored per trajectory: {st['content_addressed_bytes_per_trajectory'] / 1e3:,.0f} kB by content "
+          f"vs {st['inline_base64_bytes_per_trajectory'] / 1e3:,.0f} kB inline base64 ({st['ratio']:.1f}x less)")
     return write_results("multimodal", figures, COMMAND)
 
 
