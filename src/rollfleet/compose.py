@@ -34,6 +34,7 @@ class EngineOptions:
     model: str | None = None
     url: str | None = None
     token: str | None = None
+    mmproj: str | None = None  # llama.cpp: a projector file makes the engine take images
 
 
 def mount_gateway(
@@ -52,7 +53,13 @@ def mount_gateway(
 
     async def start_engines() -> None:
         for index in range(options.replicas):
-            engine = make_engine(options.kind, model=options.model, url=options.url, index=index)
+            engine = make_engine(
+                options.kind,
+                model=options.model,
+                url=options.url,
+                index=index,
+                mmproj=options.mmproj,
+            )
             await engine.start()
             gateway.add_replica(engine)
 

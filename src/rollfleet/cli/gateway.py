@@ -24,9 +24,12 @@ async def _serve(
     host: str,
     port: int,
     token: str | None,
+    mmproj: str | None = None,
 ) -> None:
     with console.status(f"starting {replicas} {engine.value} replica(s)…"):
-        gateway = await build_gateway(engine, replicas=replicas, model=model, url=url)
+        gateway = await build_gateway(
+            engine, replicas=replicas, model=model, url=url, mmproj=mmproj
+        )
     names = ", ".join(f"{r['replica_id']} ({r['model']})" for r in gateway.replicas())
     console.print(f"[green]gateway ready[/] at http://{host}:{port}/v1 → {names}")
     await serve_gateway(gateway, host, port, token)
@@ -43,7 +46,10 @@ def register(app: typer.Typer) -> None:
         host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
         port: int = typer.Option(8100, "--port", help="port to listen on"),
         model: str = typer.Option(
-            None, "--model", help="model path/name (default: bundled SmolLM2)"
+            None, "--model", help="model path/name (default: bundled SmolLM2; hf: tiny, tiny-vlm)"
+        ),
+        mmproj: str = typer.Option(
+            None, "--mmproj", help="llama.cpp: a multimodal projector GGUF; the engine then sees"
         ),
         token: str = typer.Option(
             None, "--token", envvar="ROLLFLEET_TOKEN", help="require this bearer token"
@@ -53,7 +59,7 @@ def register(app: typer.Typer) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         try:
             check_bind(host, token)
-            asyncio.run(_serve(engine, replicas, model, engine_url, host, port, token))
+            asyncio.run(_serve(engine, replicas, model, engine_url, host, port, token, mmproj))
         except RollfleetError as exc:
             console.print(f"[red]error:[/] {exc.message}")
             raise typer.Exit(1) from exc

@@ -47,7 +47,12 @@ def serve(
     engine_url: str = typer.Option(
         None, "--engine-url", help="base URL of an OpenAI-compatible server (--engine openai)"
     ),
-    model: str = typer.Option(None, "--model", help="model name or path for the engine"),
+    model: str = typer.Option(
+        None, "--model", help="model name or path for the engine (hf: tiny, tiny-vlm, or a path)"
+    ),
+    mmproj: str = typer.Option(
+        None, "--mmproj", help="llama.cpp: a multimodal projector GGUF; the engine then sees images"
+    ),
     replicas: int = typer.Option(1, "--replicas", min=1, help="engine replicas behind the gateway"),
     advertise_url: str = typer.Option(
         None,
@@ -77,7 +82,11 @@ def serve(
             raise InvalidInput(
                 f"--engine {engine!r}: choose one of {', '.join(k.value for k in EngineKind)}"
             )
-    options = None if engine is None else EngineOptions(engine, replicas, model, engine_url, token)
+    options = (
+        None
+        if engine is None
+        else EngineOptions(engine, replicas, model, engine_url, token, mmproj=mmproj)
+    )
     advertise = advertise_url or f"http://{host}:{port}"
     parts = control_plane(store, pools=pools, engine=options, advertise=advertise)
     app = create_app(

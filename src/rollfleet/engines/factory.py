@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import enum
+import json
 import logging
+from pathlib import Path
 
 from rollfleet.engines.base import Engine
 from rollfleet.engines.gateway import Gateway, Recorder
@@ -34,6 +36,8 @@ def make_engine(
     """An engine of ``kind`` (not started); ``index`` offsets ports for several replicas; a
     llama.cpp engine given a projector file (``mmproj``) takes images."""
     kind = EngineKind(kind)
+    if mmproj and kind is not EngineKind.LLAMACPP:
+        raise InvalidInput(f"--mmproj is a llama.cpp projector; engine {kind.value!r} takes none")
     if kind is EngineKind.LLAMACPP and mmproj:
         from rollfleet.engines.llamacpp_vision import LlamaCppVisionEngine
 
@@ -43,11 +47,7 @@ def make_engine(
 
         return LlamaCppEngine(model)
     if kind is EngineKind.HF:
-        from rollfleet.engines.hf import HFEngine, tiny_hf_model
-
-        if not model or model == "tiny":
-            return HFEngine(*tiny_hf_model())
-        return HFEngine(model)
+        return _hf_engine(model)
     if kind is EngineKind.OPENAI:
         from rollfleet.engines.openai_engine import OpenAIEngine
 
@@ -63,6 +63,30 @@ def make_engine(
     from rollfleet.engines.sglang import SGLangEngine
 
     return SGLangEngine(model, port=port + index)
+
+
+def _hf_engine(model: str | None) -> Engine:
+    """The HF engine for ``model``: a vision-language model (``tiny-vlm``, or a checkpoint whose
+    config has a ``vision_config``) gets the engine that takes images."""
+    from rollfleet.engines.hf import HFEngine, tiny_hf_model
+
+    if not model or model == "tiny":
+        return HFEngine(*tiny_hf_model())
+    if model == "tiny-vlm" or _is_vision_checkpoint(model):
+        from rollfleet.engines.hf_vision import HFVisionEngine
+        from rollfleet.engines.tiny import tiny_vlm
+
+        return HFVisionEngine(*tiny_vlm()) if model == "tiny-vlm" else HFVisionEngine(model)
+    return HFEngine(model)
+
+
+def _is_vision_checkpoint(model: str) -> bool:
+    """Whether a local checkpoint directory holds a vision-language model."""
+    config = Path(model) / "config.json"
+    try:
+        return "vision_config" in json.loads(config.read_text())
+    except (OSError, ValueError):
+        return False
 
 
 async def build_gateway(
