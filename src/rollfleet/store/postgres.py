@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import math
 import re
 from collections.abc import Callable, Iterator, Sequence
 from functools import cache
@@ -35,30 +37,80 @@ def _queries() -> dict[str, str]:
     return {name: _PARAM.sub(r"%(\1)s", sql) for name, sql in queries.load("postgresql").items()}
 
 
+@cache
+def _setwise() -> frozenset[str]:
+    """The queries written over ``:rows``: every parameter set, as one JSON array, in one
+    statement (``json_to_recordset``) rather than one statement per set."""
+    return frozenset(name for name, sql in _queries().items() if "%(rows)s" in sql)
+
+
+@cache
+def _planned_each_run() -> frozenset[str]:
+    """The queries that look rows up by a list of keys (``= ANY (ARRAY(…))``): never prepared.
+
+    psycopg prepares a statement after its fifth run on a connection, and PostgreSQL then keeps
+    one generic plan, costed on the table's size at that moment. Made while the table was nearly
+    empty, that plan scans it whole — and keeps doing so as it grows, until an ANALYZE (there is
+    none without autovacuum) or a new connection. Planned at each run, a key list is always looked
+    up through its index.
+    """
+    return frozenset(name for name, sql in _queries().items() if "= ANY (ARRAY(" in sql)
+
+
+_NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
+
+
+def _rows_json(rows: Sequence[dict[str, Any]]) -> str:
+    """Parameter sets as a JSON array; NaN and infinities (no JSON numbers) as the strings
+    PostgreSQL reads them from."""
+    try:
+        return json.dumps(rows, allow_nan=False, separators=(",", ":"))
+    except ValueError:
+        return json.dumps(
+            [{k: _finite(v) for k, v in row.items()} for row in rows], separators=(",", ":")
+        )
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else _NON_FINITE[value]
+    return value
+
+
 class PostgresTx:
     """Runs named PostgreSQL queries on one connection."""
 
     def __init__(self, conn: Any) -> None:
         self._conn = conn
         self._q = _queries()
+        self._setwise = _setwise()
+        self._planned_each_run = _planned_each_run()
+
+    def _exec(self, name: str, params: Any) -> Any:
+        prepare = False if name in self._planned_each_run else None
+        return self._conn.execute(self._q[name], params, prepare=prepare)
 
     def all(self, name: str, **params: Any) -> list[Row]:
         """Run a named query and return every row."""
-        return list(self._conn.execute(self._q[name], params).fetchall())
+        return list(self._exec(name, params).fetchall())
 
     def one(self, name: str, **params: Any) -> Row | None:
         """Run a named query and return its first row, or None."""
-        row: Row | None = self._conn.execute(self._q[name], params).fetchone()
+        row: Row | None = self._exec(name, params).fetchone()
         return row
 
     def run(self, name: str, **params: Any) -> int:
         """Run a named statement and return the number of rows it changed."""
-        return int(self._conn.execute(self._q[name], params).rowcount)
+        if name in self._setwise:
+            return self.many(name, [params])
+        return int(self._exec(name, params).rowcount)
 
     def many(self, name: str, rows: Sequence[dict[str, Any]]) -> int:
         """Run a named statement once per parameter set; return the total number of rows changed."""
         if not rows:
             return 0
+        if name in self._setwise:
+            return int(self._exec(name, {"rows": _rows_json(rows)}).rowcount)
         with self._conn.cursor() as cur:
             cur.executemany(self._q[name], rows)
             return int(cur.rowcount)

@@ -1,5 +1,8 @@
 -- rollfleet store, PostgreSQL dialect. Named blocks: "-- name: X". Params are :name (rewritten to
 -- psycopg's %(name)s at load time). JSON values are TEXT, as in SQLite (one decoding path).
+-- Two conventions postgres.py keys on: a query over :rows is set-wise (every parameter set of a
+-- tx.many, bound at once as one JSON array, read with json_to_recordset); a query that looks rows
+-- up by a list of keys, "= ANY (ARRAY(…))", is planned at each run, never prepared.
 
 -- name: schema
 CREATE TABLE IF NOT EXISTS rollouts (
@@ -114,7 +117,7 @@ SELECT r.*, a.attempt_id AS a_attempt_id, a.sequence AS a_sequence, a.worker_id 
        a.status AS a_status, a.started_at AS a_started_at, a.lease_expires_at AS a_lease_expires_at,
        a.last_heartbeat_at AS a_last_heartbeat_at, a.finished_at AS a_finished_at, a.error AS a_error
 FROM rollouts r LEFT JOIN attempts a ON a.attempt_id = r.current_attempt_id
-WHERE r.rollout_id IN (SELECT json_array_elements_text(:ids::json))
+WHERE r.rollout_id = ANY (ARRAY(SELECT json_array_elements_text(:ids::json)))
 ORDER BY r.seq;
 
 -- name: query_rollouts_asc
@@ -165,14 +168,20 @@ WHERE rollout_id = :rollout_id AND status = 'queuing'
 RETURNING *;
 
 -- name: insert_attempt
+-- Set-wise (:rows), inserted in the order given.
 INSERT INTO attempts (attempt_id, rollout_id, sequence, worker_id, status, started_at, lease_expires_at, deadline_at)
-VALUES (:attempt_id, :rollout_id, :sequence, :worker_id, 'preparing', :now, :lease_expires_at, :deadline_at);
+SELECT x.attempt_id, x.rollout_id, x.sequence, x.worker_id, 'preparing', x.now, x.lease_expires_at, x.deadline_at
+FROM ROWS FROM (json_to_recordset(:rows::json)
+                AS (attempt_id text, rollout_id text, sequence int, worker_id text, now float8,
+                    lease_expires_at float8, deadline_at float8)) WITH ORDINALITY
+     AS x(attempt_id, rollout_id, sequence, worker_id, now, lease_expires_at, deadline_at, n)
+ORDER BY x.n;
 
 -- name: select_attempts_by_ids
 SELECT a.*, r.status AS rollout_status, r.current_attempt_id, r.max_attempts, r.attempts_charged,
        r.heartbeat_s, r.max_lost, r.attempts_lost, r.retry_delay_s
 FROM attempts a JOIN rollouts r ON r.rollout_id = a.rollout_id
-WHERE a.attempt_id IN (SELECT json_array_elements_text(:ids::json))
+WHERE a.attempt_id = ANY (ARRAY(SELECT json_array_elements_text(:ids::json)))
 ORDER BY a.attempt_id
 FOR UPDATE OF a, r;
 
@@ -180,21 +189,24 @@ FOR UPDATE OF a, r;
 UPDATE attempts a
 SET status = 'running', last_heartbeat_at = :now, lease_expires_at = :now + r.heartbeat_s
 FROM rollouts r
-WHERE r.rollout_id = a.rollout_id AND a.attempt_id IN (SELECT json_array_elements_text(:ids::json))
+WHERE r.rollout_id = a.rollout_id AND a.attempt_id = ANY (ARRAY(SELECT json_array_elements_text(:ids::json)))
   AND a.status IN ('preparing', 'running');
 
 -- name: run_rollouts
 UPDATE rollouts SET status = 'running', updated_at = :now
-WHERE current_attempt_id IN (SELECT json_array_elements_text(:ids::json)) AND status = 'preparing';
+WHERE current_attempt_id = ANY (ARRAY(SELECT json_array_elements_text(:ids::json))) AND status = 'preparing';
 
 -- name: heartbeat_replies
 SELECT a.attempt_id, a.status, a.lease_expires_at, r.status AS rollout_status
 FROM attempts a JOIN rollouts r ON r.rollout_id = a.rollout_id
-WHERE a.attempt_id IN (SELECT json_array_elements_text(:ids::json));
+WHERE a.attempt_id = ANY (ARRAY(SELECT json_array_elements_text(:ids::json)));
 
 -- name: finish_attempt
-UPDATE attempts SET status = :status, finished_at = :now, error = :error, charged = :charged
-WHERE attempt_id = :attempt_id AND status IN ('preparing', 'running');
+-- Set-wise (:rows).
+UPDATE attempts a SET status = x.status, finished_at = x.now, error = x.error, charged = x.charged
+FROM json_to_recordset(:rows::json) AS x(attempt_id text, status text, now float8, error text, charged int)
+WHERE a.attempt_id = x.attempt_id AND a.status IN ('preparing', 'running')
+  AND a.attempt_id = ANY (ARRAY(SELECT e ->> 'attempt_id' FROM json_array_elements(:rows::json) e));
 
 -- name: finish_rollout
 UPDATE rollouts
@@ -272,8 +284,11 @@ UPDATE workers SET last_heartbeat_at = :now,
 WHERE worker_id = :worker_id;
 
 -- name: count_worker_outcome
-UPDATE workers SET rollouts_succeeded = rollouts_succeeded + :succeeded, rollouts_failed = rollouts_failed + :failed
-WHERE worker_id = :worker_id;
+-- Set-wise (:rows).
+UPDATE workers w SET rollouts_succeeded = w.rollouts_succeeded + x.succeeded,
+                     rollouts_failed = w.rollouts_failed + x.failed
+FROM json_to_recordset(:rows::json) AS x(worker_id text, succeeded int, failed int)
+WHERE w.worker_id = x.worker_id;
 
 -- name: select_workers
 SELECT * FROM workers WHERE (:worker_id::text IS NULL OR worker_id = :worker_id::text) AND worker_id > :cursor
