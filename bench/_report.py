@@ -59,8 +59,20 @@ def store_rows(d: dict[str, Any]) -> list[str]:
                 f"{agl_lat.get('p50_ms', 0) / lat['p50_ms']:.0f}× faster |")
     pg = d.get("ours_postgres")
     if isinstance(pg, dict):
-        rows.append(f"| store | claim+complete/s over HTTP, 4 workers, batched, PostgreSQL | "
+        when = f" (full run of {d['machine']['date']})" if "postgres" in d else ""
+        rows.append(f"| store | claim+complete/s over HTTP, 4 workers, batched, PostgreSQL{when} | "
                     f"{n(pg['http_claim_complete_batched_4'])} | – | – |")
+    pg_ab = d.get("postgres")  # after vs before issue 19's changes, 2 replicas vs 1: alternating rounds
+    if pg_ab:
+        def cell(s: dict[str, Any]) -> str:
+            return f"{n(s['median'])} [{n(s['min'])}–{n(s['max'])}]"
+
+        what = (f"claim+complete/s over HTTP, 4 workers, batched (16), PostgreSQL, median [range] of "
+                f"{len(pg_ab['after']['rounds'])} alternating rounds ({pg_ab['machine']['date']})")
+        rows += [f"| store | {what}: this code vs commit {pg_ab['before_commit']} | {cell(pg_ab['after'])} | "
+                 f"{cell(pg_ab['before'])} (before) | {pg_ab['after_vs_before']:.2f}× |",
+                 f"| store | {what}: 2 replicas (2 clients each) vs 1 | {cell(pg_ab['after_2_replicas'])} | "
+                 f"{cell(pg_ab['after'])} (1 replica) | {pg_ab['replicas_2_vs_1']:.2f}× |"]
     return rows
 
 
@@ -331,8 +343,10 @@ def fleet_rows(d: dict[str, Any]) -> list[str]:
         if not one or not two:
             continue
         ratio = two["completions_per_s"]["median"] / max(one["completions_per_s"]["median"], 1e-9)
+        limit = one.get("max_connections") or 2048  # points measured before --max-connections had 2,048
         rows.append(f"| fleet | completions/s of {runners:,} simulated runners (agent 0.5–2 s, one long-poll "
-                    f"connection each) on PostgreSQL, median [range] of {d['rounds']} alternating rounds of "
+                    f"connection each, backing off after a failed claim) on PostgreSQL, servers' connection "
+                    f"limit {limit:,}, median [range] of {one['rounds']} alternating rounds of "
                     f"{d['seconds_per_point']:.0f} s, 2 cores shared by servers, PostgreSQL and clients "
                     f"([docs/scale.md](docs/scale.md)) | 2 replicas: {cell(two)} | 1 replica: {cell(one)} | "
                     f"{ratio:.2f}× |")

@@ -1,40 +1,30 @@
 """A simulated fleet of 100 to 10,000 runners against 1 and 2 ``rollfleet serve`` replicas.
 
-Each simulated runner is an asyncio task holding its own ``HttpStore`` (so its own keep-alive
-connection, kept open across its agent time): it long-polls ``POST /claims`` (``wait_s`` 2, one
-rollout, as ``Runner`` does), "runs the agent" by sleeping uniform 0.5–2 s, and sends its result
-with ``POST /attempts/complete`` (``complete_many``, one item, as ``Runner`` batches them). All
-runners of a point live in one client process (two at 10,000). On the 2-replica side each
-runner is given both URLs, half of them starting at the other replica (``tests/acceptance/
-test_replicas.py`` spreads runners the same way). Servers run on one fresh PostgreSQL schema per
-point, dropped afterwards.
+The runners are ``bench/_fleet_client.py`` processes (5,000 runners each): every runner holds its
+own connection, long-polls claims, sleeps 0.5–2 s as its agent and completes, backing off after a
+failed claim as ``Runner`` does. On the 2-replica side each runner is given both URLs, half of
+them starting at the other replica (as ``tests/acceptance/test_replicas.py`` spreads runners).
+Servers run with their default connection limit (``--max-connections``, from the open-file
+limit, which the bench raises to the hard limit) on one fresh PostgreSQL schema per point.
 
 Work never runs out because of the bench: before the runners start, the queue is filled with
-``max(5,000, 3 × runners)`` rollouts, written straight into PostgreSQL by this process (not
-through the servers, so their CPU is only the runners' traffic), and topped up in batches of
-5,000 whenever it falls below that. A claim that comes back empty is counted (``empty``).
+``max(5,000, 3 × runners)`` rollouts, written straight into PostgreSQL (not through the servers,
+so their CPU is only the runners' traffic), and topped up in batches of 5,000. A claim that comes
+back empty is counted (``empty``).
 
-Figures, taken over a fixed window (``BENCH_FLEET_SECONDS``, 20 s) after the runners connected
-and warmed up for 5 s:
-
-- **claim latency**: the claim's round trip, request sent → rollout in hand, with work waiting in
-  the queue. (With an idle fleet this would be dispatch latency; ``store_throughput`` measures that:
-  p50 3.3 ms.) p50 / p99 of every claim that returned in the window.
-- **claims/s, completions/s**: answered in the window, by the client's clock.
-- **server CPU**: user+sys seconds per second of the replicas together (psutil), 1.0 = a core;
-  **PostgreSQL CPU** the same for the backends serving those replicas (found by their client
-  ports); **machine CPU** busy cores of the whole machine.
-- **CPU ms a rollout**: server (and PostgreSQL) CPU divided by completions: what one rollout's
-  claim + completion costs, the figure docs/scale.md sizes a fleet with.
-- **RSS**: the replicas' resident memory at the window's end, summed.
-- **errors**: every failed call by kind (a 503 over ``limit_concurrency``, a reset, a timeout),
-  never retried silently; the failed runner waits 0.5 s as ``Runner`` does.
+Figures, over a fixed window (``BENCH_FLEET_SECONDS``, 20 s) after the runners connected and
+warmed up for 5 s: claim latency (request sent → rollout in hand, work waiting; p50 / p99),
+claims/s and completions/s by the client's clock; server CPU (user+sys s/s of the replicas,
+1.0 = a core), PostgreSQL CPU (the backends serving them, found by client port), machine CPU;
+CPU ms a rollout (server or PostgreSQL CPU / completions: what docs/scale.md sizes a fleet with);
+the replicas' RSS; errors by kind (a 503 over the connection limit, a reset, a timeout), never
+retried silently; and the 503s the servers logged.
 
 Sides alternate per point (1 replica, 2 replicas, per runner count, per round: A B A B); each
-figure is the median over ``BENCH_ROUNDS`` (2) rounds with [min–max].
-Runner counts: 100, 300, 1,000, 3,000, 10,000 (300 and 3,000 locate the knee and the servers'
-2,048-connection limit). Run: ``python -m bench fleet`` (``BENCH_FLEET_COUNTS=100,1000`` for fewer
-points).
+figure is the median over ``BENCH_ROUNDS`` (2) rounds with [min–max]. Run:
+``python -m bench fleet`` (100, 300, 1,000, 3,000, 10,000 runners) or ``python -m bench fleet
+3000,10000`` for chosen points, merged into bench/results/fleet.json (the points measured before
+and replaced are kept under ``before``).
 """
 
 from __future__ import annotations
@@ -42,8 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
-import resource
+import re
 import statistics
 import subprocess
 import sys
@@ -56,126 +45,19 @@ from urllib.parse import quote
 
 import psutil
 
-from bench._common import PY, ROOT, free_port, stop, table, wait_healthy, write_results
+from bench._common import PY, RESULTS, ROOT, free_port, stop, table, wait_healthy, write_results
+from bench._fleet_client import AGENT_S, CLAIM_WAIT_S
+from rollfleet.web.serving import raise_fd_limit
 
 PG = os.environ.get("ROLLFLEET_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 SECONDS = float(os.environ.get("BENCH_FLEET_SECONDS", "20"))
 WARMUP = 5.0
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "2"))
-COUNTS = [
-    int(x) for x in os.environ.get("BENCH_FLEET_COUNTS", "100,300,1000,3000,10000").split(",")
-]
+COUNTS = os.environ.get("BENCH_FLEET_COUNTS", "100,300,1000,3000,10000")
 RUNNERS_PER_CLIENT = 5000
-CLAIM_WAIT_S = 2.0
-AGENT_S = (0.5, 2.0)
 TOPUP = 5000
-
-
-def raise_fd_limit() -> int:
-    """Raise this process's open-file soft limit to its hard limit (children inherit it)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-
-
-# --- the client process: N simulated runners --------------------------------------------------
-
-
-class Tally:
-    """What one client process saw inside the window."""
-
-    def __init__(self, start: float, end: float) -> None:
-        self.start, self.end = start, end
-        self.claim_ms: list[float] = []
-        self.complete_ms: list[float] = []
-        self.completions = 0
-        self.empty = 0
-        self.refused = 0  # completions answered with an error (a lapsed lease)
-        self.errors: dict[str, int] = {}
-
-    def inside(self, t: float) -> bool:
-        """Whether wall time ``t`` falls in the window."""
-        return self.start <= t < self.end
-
-    def error(self, exc: BaseException, what: str) -> None:
-        """Count a failed call by kind."""
-        if self.inside(time.time()):
-            key = f"{what}: {type(exc).__name__} {str(exc)[:60]}"
-            self.errors[key] = self.errors.get(key, 0) + 1
-
-
-async def one_runner(index: int, urls: list[str], tally: Tally) -> None:
-    """Claim, sleep the agent's time, complete; forever (cancelled at the end)."""
-    from rollfleet.client import HttpStore
-    from rollfleet.model import AttemptStatus, Completion, RolloutResult
-
-    order = urls[index % len(urls) :] + urls[: index % len(urls)]
-    store = HttpStore(order)
-    worker = f"sim-{os.getpid()}-{index}"
-    rng = random.Random(index)
-    while True:
-        t0 = time.time()
-        try:
-            docs = await store.claim_documents(worker, CLAIM_WAIT_S, 1)
-        except Exception as exc:
-            tally.error(exc, "claim")
-            await asyncio.sleep(0.5)
-            continue
-        t1 = time.time()
-        if not docs:
-            tally.empty += tally.inside(t1)
-            continue
-        if tally.inside(t1):
-            tally.claim_ms.append((t1 - t0) * 1000)
-        await asyncio.sleep(rng.uniform(*AGENT_S))
-        done = Completion(
-            attempt_id=docs[0]["attempt"]["attempt_id"],
-            status=AttemptStatus.SUCCEEDED,
-            result=RolloutResult(reward=1.0),
-        )
-        t2 = time.time()
-        try:
-            outcome = (await store.complete_many([done]))[0]
-        except Exception as exc:
-            tally.error(exc, "complete")
-            continue
-        t3 = time.time()
-        if tally.inside(t3):
-            tally.completions += 1
-            tally.complete_ms.append((t3 - t2) * 1000)
-            tally.refused += outcome.error_type is not None
-
-
-async def client_main(n: int, offset: int, urls: list[str]) -> None:
-    """Start n runners over ``RAMP`` seconds, wait for the window from stdin, print the tally."""
-    raise_fd_limit()
-    print("ready", flush=True)
-    start, end = (float(x) for x in (await asyncio.to_thread(sys.stdin.readline)).split())
-    tally = Tally(start, end)
-    ramp = max(0.5, n / 2000)
-    tasks = []
-    for i in range(n):
-        tasks.append(asyncio.create_task(one_runner(offset + i, urls, tally)))
-        if i % 100 == 99:
-            await asyncio.sleep(ramp / (n / 100))
-    await asyncio.sleep(max(0.0, end - time.time()))
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    print(
-        json.dumps(
-            {
-                "claim_ms": tally.claim_ms,
-                "complete_ms": tally.complete_ms,
-                "completions": tally.completions,
-                "empty": tally.empty,
-                "refused": tally.refused,
-                "errors": tally.errors,
-            }
-        ),
-        flush=True,
-    )
+REFUSED = re.compile(r"Exceeded concurrency limit\.(?: \((\d+) more refused)?")
+LIMIT = re.compile(r"up to (\d+) connections")
 
 
 # --- the parent: schema, servers, queue, sampling ---------------------------------------------
@@ -315,7 +197,7 @@ def launch_clients(runners: int, urls: list[str]) -> list[subprocess.Popen[str]]
         n = min(RUNNERS_PER_CLIENT, runners - offset)
         procs.append(
             subprocess.Popen(
-                [PY, "-m", "bench.fleet", "client", str(n), str(offset), ",".join(urls)],
+                [PY, "-m", "bench._fleet_client", str(n), str(offset), ",".join(urls)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
@@ -391,9 +273,9 @@ async def measure(runners: int, replicas: int, logdir: Path) -> dict[str, Any]:
             cpu_delta(before[0], after[0]) / dt,
             cpu_delta(before[1], after[1]) / dt,
         )
-        over = sum(
-            log.read_text(errors="replace").count("Exceeded concurrency limit") for log in logs
-        )
+        texts = [log.read_text(errors="replace") for log in logs]
+        over = sum(1 + int(m.group(1) or 0) for t in texts for m in REFUSED.finditer(t))
+        limits = [int(m.group(1)) for t in texts for m in LIMIT.finditer(t)]
         return {
             "runners": runners,
             "replicas": replicas,
@@ -418,6 +300,7 @@ async def measure(runners: int, replicas: int, logdir: Path) -> dict[str, Any]:
             "errors": errors,
             "error_count": sum(errors.values()),
             "over_limit_503_logged": over,
+            "max_connections": limits[0] if limits else None,
         }
     finally:
         for proc in clients:
@@ -465,99 +348,74 @@ def fmt(fig: dict[str, float] | None, digits: int = 0) -> str:
     return f"{fig['median']:,.{digits}f} [{fig['min']:,.{digits}f}–{fig['max']:,.{digits}f}]"
 
 
-async def run_all(logdir: Path) -> list[dict[str, Any]]:
+async def run_all(counts: list[int], logdir: Path) -> list[dict[str, Any]]:
     """Every point, sides alternating per runner count, for ROUNDS rounds."""
     raw = []
     for rnd in range(ROUNDS):
-        for runners in COUNTS:
+        for runners in counts:
             for replicas in (1, 2):
-                print(
-                    f"round {rnd + 1}/{ROUNDS}: {runners} runners, {replicas} replica(s)",
-                    flush=True,
-                )
+                print(f"round {rnd + 1}/{ROUNDS}: {runners} runners, {replicas} replica(s)")
+                sys.stdout.flush()
                 point = await measure(runners, replicas, logdir)
                 point["round"] = rnd + 1
-                print(
-                    json.dumps({k: v for k, v in point.items() if k != "errors"}),
-                    point["errors"],
-                    flush=True,
-                )
+                print(json.dumps({k: v for k, v in point.items() if k != "errors"}), flush=True)
                 raw.append(point)
     return raw
 
 
-def main() -> dict[str, Any]:
-    """Measure every point and write bench/results/fleet.json."""
-    fd_limit = raise_fd_limit()
+def point_of(raw: list[dict[str, Any]], runners: int, replicas: int) -> dict[str, Any]:
+    """The medians [min–max] of one (runners, replicas) point over its rounds, errors summed."""
+    mine = [p for p in raw if p["runners"] == runners and p["replicas"] == replicas]
+    errors: dict[str, int] = {}
+    for p in mine:
+        for k, v in p["errors"].items():
+            errors[k] = errors.get(k, 0) + v
+    limits = {p.get("max_connections") for p in mine}
+    return {"runners": runners, "replicas": replicas, "rounds": len(mine), **summarise(mine),
+            "max_connections": limits.pop() if len(limits) == 1 else sorted(limits, key=str),
+            "over_limit_503_logged": sum(p["over_limit_503_logged"] for p in mine),
+            "errors_all_rounds": errors}  # fmt: skip
+
+
+def merged(new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
+    """``new``'s points and raw rounds over ``old``'s: same points replaced (kept in ``before``)."""
+    mine = {(p["runners"], p["replicas"]) for p in new["points"]}
+    key = lambda p: (p["runners"], p["replicas"])  # noqa: E731
+    replaced = [p for p in old.get("points", []) if key(p) in mine]
+    run = {k: old.get(k) for k in ("command", "wall_s", "machine", "seconds_per_point", "rounds")}
+    before = [*old.get("before", []), {"run": run, "points": replaced}] if replaced else []
+    return {**new, "points": sorted([*(p for p in old.get("points", []) if key(p) not in mine),
+                                      *new["points"]], key=key),
+            "raw": [*(p for p in old.get("raw", []) if key(p) not in mine), *new["raw"]],
+            "before": before or old.get("before", [])}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Measure the chosen points (``3000,10000``, or every count) and merge them into
+    bench/results/fleet.json."""
+    chosen = [a for a in (sys.argv[1:] if argv is None else argv) if re.fullmatch(r"[\d,]+", a)]
+    counts = [int(x) for x in (chosen[0] if chosen else COUNTS).split(",")]
+    fd_limit = raise_fd_limit()[1]
     began = time.time()
     logdir = Path(tempfile.mkdtemp(prefix="rollfleet-fleet-"))
-    raw = asyncio.run(run_all(logdir))
-    points = []
-    for runners in COUNTS:
-        for replicas in (1, 2):
-            mine = [p for p in raw if p["runners"] == runners and p["replicas"] == replicas]
-            errors: dict[str, int] = {}
-            for p in mine:
-                for k, v in p["errors"].items():
-                    errors[k] = errors.get(k, 0) + v
-            points.append(
-                {
-                    "runners": runners,
-                    "replicas": replicas,
-                    "rounds": len(mine),
-                    **summarise(mine),
-                    "errors_all_rounds": errors,
-                }
-            )
-    table(
-        "fleet: medians [min–max] over rounds",
-        [
-            "runners",
-            "replicas",
-            "claims/s",
-            "completions/s",
-            "claim p50 ms",
-            "claim p99 ms",
-            "server CPU",
-            "PG CPU",
-            "RSS MiB",
-            "errors",
-        ],
-        [
-            [
-                p["runners"],
-                p["replicas"],
-                fmt(p["claims_per_s"]),
-                fmt(p["completions_per_s"]),
-                fmt(p["claim_p50_ms"], 1),
-                fmt(p["claim_p99_ms"], 1),
-                fmt(p["server_cpu"], 2),
-                fmt(p["postgres_cpu"], 2),
-                fmt(p["server_rss_mib"]),
-                fmt(p["error_count"]),
-            ]
-            for p in points
-        ],
-    )
-    return write_results(
-        "fleet",
-        {
-            "seconds_per_point": SECONDS,
-            "warmup_s": WARMUP,
-            "rounds": ROUNDS,
-            "agent_s": list(AGENT_S),
-            "claim_wait_s": CLAIM_WAIT_S,
-            "fd_limit": fd_limit,
-            "wall_s": round(time.time() - began, 1),
-            "points": points,
-            "raw": raw,
-        },
-        "python -m bench fleet",
-    )
+    raw = asyncio.run(run_all(counts, logdir))
+    points = [point_of(raw, runners, replicas) for runners in counts for replicas in (1, 2)]
+    columns = ["runners", "replicas", "claims/s", "completions/s", "claim p50 ms", "claim p99 ms",
+               "server CPU", "PG CPU", "RSS MiB", "errors"]  # fmt: skip
+    figures = [("claims_per_s", 0), ("completions_per_s", 0), ("claim_p50_ms", 1),
+               ("claim_p99_ms", 1), ("server_cpu", 2), ("postgres_cpu", 2),
+               ("server_rss_mib", 0), ("error_count", 0)]  # fmt: skip
+    rows = [[p["runners"], p["replicas"], *(fmt(p[k], d) for k, d in figures)] for p in points]
+    table("fleet: medians [min–max] over rounds", columns, rows)
+    command = "python -m bench fleet" + (f" {chosen[0]}" if chosen else "")
+    new = {"seconds_per_point": SECONDS, "warmup_s": WARMUP, "rounds": ROUNDS,
+           "agent_s": list(AGENT_S), "claim_wait_s": CLAIM_WAIT_S, "fd_limit": fd_limit,
+           "counts": counts, "wall_s": round(time.time() - began, 1), "points": points,
+           "raw": raw}  # fmt: skip
+    path = RESULTS / "fleet.json"
+    old = json.loads(path.read_text()) if chosen and path.exists() else {}
+    return write_results("fleet", merged(new, old), command)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "client":
-        asyncio.run(client_main(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(",")))
-    else:
-        main()
+    main()

@@ -60,17 +60,38 @@ def serve(
         help="this replica's URL for the others (PostgreSQL: they forward /batches to the "
         "elected one); default http://HOST:PORT",
     ),
+    max_connections: int = typer.Option(
+        None,
+        "--max-connections",
+        help="open connections (and requests) past which the server answers 503 at once; default "
+        "16,384, or what the open-file limit holds (it is raised to the hard limit first)",
+    ),
 ) -> None:
     """Run the control plane: HTTP API, reaper, dashboard."""
+    import dataclasses
+
     import uvicorn
 
     from rollfleet.compose import EngineOptions, control_plane
     from rollfleet.store import open_sql_store
     from rollfleet.web.guard import GUARD
-    from rollfleet.web.serving import check_bind, uvicorn_options
+    from rollfleet.web.serving import (
+        check_bind,
+        connection_limit,
+        raise_fd_limit,
+        uvicorn_options,
+    )
 
     token = token_of(token)
     check_bind(host, token)
+    fds_before, fds = raise_fd_limit()
+    guard = dataclasses.replace(GUARD, limit_concurrency=connection_limit(max_connections, fds))
+    log.info(
+        "open-file limit %d (was %d): up to %d connections",
+        fds,
+        fds_before,
+        guard.limit_concurrency,
+    )
     url = store_url(db)
     store = open_sql_store(url)
     from rollfleet.server.app import create_app
@@ -105,7 +126,7 @@ def serve(
         log_level="info",
         access_log=False,
         timeout_graceful_shutdown=3,
-        **uvicorn_options(GUARD),
+        **uvicorn_options(guard),
     )
 
 

@@ -5,7 +5,10 @@ enqueue finds the rollout it already created) and completions (repeating the sam
 is answered with the same rollout). Claims are never retried blindly: a lost answer leaves a
 lease that simply expires. Given several control-plane URLs (replicas over one PostgreSQL
 database), a failed request moves to the next replica, and the retries above go there; a claim
-whose replica died is not sent again, but the runner's next claim goes to a live replica.
+whose replica died is not sent again, but the runner's next claim goes to a live replica. An
+answer 503 (a replica over its connection limit, or its store unavailable) moves the next request
+on too; once every replica has failed in a row, retries wait from 0.5 s to 10 s with full jitter
+(refused or reset connections: 0.05 s to 2 s), so that a refused fleet does not retry in step.
 
 The transport is :mod:`rollfleet.client.wire`, a lean HTTP/1.1 client: this is every runner's
 hot path, and the CPU a general-purpose client spends per request is CPU the runners' agents
@@ -22,8 +25,8 @@ from typing import Any, TypeVar, cast
 import orjson
 from pydantic import BaseModel
 
-from rollfleet.client.endpoints import Endpoints, split_urls
-from rollfleet.errors import StoreUnavailable
+from rollfleet.client.endpoints import Endpoints, backoff_s, split_urls
+from rollfleet.errors import RollfleetError, StoreUnavailable
 from rollfleet.model import (
     Attempt,
     AttemptStatus,
@@ -63,10 +66,15 @@ def _body(value: Any) -> bytes:
     return orjson.dumps(value, default=lambda v: v.model_dump(mode="json"))
 
 
-async def _pause(attempt: int, replicas: int) -> None:
-    """Back off once every replica has failed in a row; moving to another one waits for nothing."""
+async def _pause(attempt: int, replicas: int, overloaded: bool = False) -> None:
+    """Back off once every replica has failed in a row; moving to another one waits for nothing.
+
+    Overloaded replicas (503) are waited for with full jitter from 0.5 s up to 10 s; unreachable
+    ones (a restart) 0.05 s doubling up to 2 s."""
     if (attempt + 1) % replicas == 0:
-        await asyncio.sleep(min(2.0, 0.05 * 2 ** (attempt // replicas)))
+        rounds = attempt // replicas
+        wait = backoff_s(rounds) if overloaded else min(2.0, 0.05 * 2**rounds)
+        await asyncio.sleep(wait)
 
 
 def _query(params: dict[str, Any] | None) -> list[tuple[str, str]] | None:
@@ -123,12 +131,14 @@ class HttpStore:
                     await _pause(attempt, n)
                     continue
                 break
-            if status >= 500 and retry and attempt < tries - 1:
+            if status >= 500:  # the next request goes to the next replica, retried or not
                 self._endpoints.failed(index)
-                await _pause(attempt, n)
-                continue
-            if status >= 400:
-                raise error_from_answer(status, data)
+                if retry and attempt < tries - 1:
+                    await _pause(attempt, n, overloaded=status == 503)
+                    continue
+            if status >= 400:  # a bare 503 (a server over its connection limit) is unavailable
+                unavailable = StoreUnavailable if status == 503 else RollfleetError
+                raise error_from_answer(status, data, default=unavailable)
             return data
         where = ", ".join(self._endpoints.urls)
         raise StoreUnavailable(f"cannot reach the rollfleet server at {where}: {last!r}") from last

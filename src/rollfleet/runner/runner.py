@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from rollfleet.aio import TaskSet
+from rollfleet.client.endpoints import Backoff
 from rollfleet.errors import (
     Conflict,
     NotFound,
@@ -128,6 +129,7 @@ class Runner:
         self._stopping = asyncio.Event()
         self._aborted = asyncio.Event()  # the second stop(): release now
         self._aborting = False
+        self._claim_backoff = Backoff()  # an overloaded server is not asked again in step
         self._resources: tuple[float, Resources | None] = (0.0, None)
         self._completions: NaturalBatcher[Completion, CompletionOutcome] = NaturalBatcher(
             store.complete_many
@@ -213,16 +215,22 @@ class Runner:
                 await asyncio.wait([claim])
         finally:
             claim.cancel()  # only if run() itself was cancelled while the claim was in flight
-        return await self._claimed(claim)
+        return await self._claimed(claim, stop_wait)
 
-    async def _claimed(self, claim: asyncio.Task[list[Rollout]]) -> list[Rollout]:
+    async def _claimed(
+        self, claim: asyncio.Task[list[Rollout]], stop_wait: asyncio.Task[Any]
+    ) -> list[Rollout]:
+        """The claim's rollouts; after a failure, none, once a backoff (0.5 s doubling to 10 s,
+        full jitter, reset by a claim that succeeds) has passed or stop() came."""
         if claim.cancelled():
             return []
         exc = claim.exception()
         if exc is not None:
-            log.warning("%s: claim failed (%s); retrying", self.worker_id, exc)
-            await asyncio.sleep(0.5)
+            pause = self._claim_backoff.delay()
+            log.warning("%s: claim failed (%s); retrying in %.1f s", self.worker_id, exc, pause)
+            await asyncio.wait([stop_wait], timeout=pause)
             return []
+        self._claim_backoff.reset()
         return claim.result()
 
     def _check_side_tasks(self, side: list[asyncio.Task[None]]) -> None:

@@ -74,7 +74,8 @@ class GuardConfig:
     to send a whole request head (from connecting, or from the first byte of the next request).
     ``max_head``: bytes of one request head. ``keep_alive_s``: seconds an idle connection is kept
     after an answer. ``limit_concurrency``: open connections and running requests past which
-    the server answers 503 at once.
+    the server answers 503 at once (``rollfleet serve`` sets it from ``--max-connections`` or
+    the open-file limit: :func:`rollfleet.web.serving.connection_limit`).
     """
 
     max_body: int = 32 * MiB

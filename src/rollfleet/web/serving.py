@@ -2,7 +2,8 @@
 
 One bearer-token check (constant-time), one bind rule (no open non-loopback port), one free-port
 finder and one HTTP protocol with Nagle's algorithm off and a bounded request head, configured
-from a :class:`~rollfleet.web.guard.GuardConfig` by :func:`uvicorn_options`.
+from a :class:`~rollfleet.web.guard.GuardConfig` by :func:`uvicorn_options`; and the connection
+limit a server can hold: :func:`raise_fd_limit` and :func:`connection_limit`.
 """
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import logging
+import resource
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote
@@ -18,10 +22,16 @@ from urllib.parse import quote
 import orjson
 from starlette.requests import Request
 
-from rollfleet.errors import StoreUnavailable, Unauthorized
+from rollfleet.errors import InvalidInput, StoreUnavailable, Unauthorized
 from rollfleet.web.guard import GuardConfig
 
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+# open files a server keeps for itself besides its clients' connections: database pool, LISTEN,
+# election, logs, hosted pools' sandboxes, a gateway's engine connections
+FD_HEADROOM = 1024
+# a held long-poll costs a replica ~20 KiB (docs/scale.md): 16,384 of them ~320 MiB
+DEFAULT_MAX_CONNECTIONS = 16_384
+OVER_LIMIT = "Exceeded concurrency limit."
 
 
 def token_matches(authorization: str | None, token: str | None) -> bool:
@@ -157,8 +167,74 @@ def nodelay_http_protocol(
     return GuardedHTTP
 
 
+def raise_fd_limit() -> tuple[int, int]:
+    """Raise this process's open-file soft limit to its hard limit; ``(before, after)``."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:  # (macOS refuses an unlimited soft limit: it then stays as it was)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return soft, resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def connection_limit(requested: int | None, fd_limit: int) -> int:
+    """The connections a server with ``fd_limit`` open files may hold: ``requested``, or
+    :data:`DEFAULT_MAX_CONNECTIONS` where the limit allows; refuses what the limit cannot hold."""
+    most = fd_limit - FD_HEADROOM
+    if requested is None:
+        if most < 64:
+            raise InvalidInput(
+                f"the open-file limit is {fd_limit}: too few to serve; raise it (ulimit -n)"
+            )
+        return min(DEFAULT_MAX_CONNECTIONS, most)
+    if requested < 1:
+        raise InvalidInput(f"--max-connections {requested}: give at least 1")
+    if requested > most:
+        raise InvalidInput(
+            f"--max-connections {requested}: the open-file limit is {fd_limit}, so at most "
+            f"{max(most, 0)} connections fit ({FD_HEADROOM} files kept for the server itself); "
+            "raise the hard limit (ulimit -Hn, LimitNOFILE=) or ask for fewer"
+        )
+    return requested
+
+
+class OverLimitLogFilter(logging.Filter):
+    """Lets through uvicorn's "over the connection limit" warning at most once per ``every_s``,
+    counting the refusals in between (one line per refused request cost the server CPU when
+    thousands of runners were refused)."""
+
+    def __init__(self, every_s: float = 10.0) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self._last = -float("inf")
+        self._quiet = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Whether to log ``record``: any other record, or the first refusal of a period."""
+        if record.getMessage() != OVER_LIMIT:
+            return True
+        now = time.monotonic()
+        if now - self._last < self.every_s:
+            self._quiet += 1
+            return False
+        if self._quiet:
+            record.msg = (
+                f"{OVER_LIMIT} ({self._quiet} more refused in the last {now - self._last:.0f} s)"
+            )
+            record.args = ()
+        self._last, self._quiet = now, 0
+        return True
+
+
+def _quiet_over_limit_log() -> None:
+    """Install :class:`OverLimitLogFilter` on uvicorn's error logger once."""
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, OverLimitLogFilter) for f in logger.filters):
+        logger.addFilter(OverLimitLogFilter())
+
+
 def uvicorn_options(guard: GuardConfig) -> dict[str, Any]:
     """The ``uvicorn.Config`` settings for ``guard``'s connection limits (and Nagle off)."""
+    _quiet_over_limit_log()
     return {
         "http": nodelay_http_protocol(guard.header_timeout_s, guard.max_head),
         "timeout_keep_alive": guard.keep_alive_s,
