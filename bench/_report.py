@@ -344,8 +344,9 @@ def fleet_rows(d: dict[str, Any]) -> list[str]:
             continue
         ratio = two["completions_per_s"]["median"] / max(one["completions_per_s"]["median"], 1e-9)
         limit = one.get("max_connections") or 2048  # points measured before --max-connections had 2,048
+        retry = "backing off after" if one.get("max_connections") else "retrying 0.5 s after"
         rows.append(f"| fleet | completions/s of {runners:,} simulated runners (agent 0.5–2 s, one long-poll "
-                    f"connection each, backing off after a failed claim) on PostgreSQL, servers' connection "
+                    f"connection each, {retry} a failed claim) on PostgreSQL, servers' connection "
                     f"limit {limit:,}, median [range] of {one['rounds']} alternating rounds of "
                     f"{d['seconds_per_point']:.0f} s, 2 cores shared by servers, PostgreSQL and clients "
                     f"([docs/scale.md](docs/scale.md)) | 2 replicas: {cell(two)} | 1 replica: {cell(one)} | "
