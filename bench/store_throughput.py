@@ -6,22 +6,32 @@ never run on an emptier or fuller queue. Every write of ours that acknowledges d
 fdatasync'ed first; PostgreSQL: synchronous_commit on); Agent Lightning's store here is its
 in-memory one (what `agl store` serves), not durable. Over HTTP, the n client processes of a
 figure start timing together, once all of them have imported and connected.
-Run: `python -m bench store_throughput` (peers: `make peers`).
+PostgreSQL over HTTP (4 workers batched) is also measured before and after issue 19's changes (the
+`src/` of commit PG_AB_BASE, default 63c15b3, against this tree) and on 1 against 2 `rollfleet serve`
+replicas of one schema, in alternating rounds, each on fresh servers and a fresh schema.
+Run: `python -m bench store_throughput` (peers: `make peers`); only the PostgreSQL rounds, keeping
+the other figures: `python -m bench.store_throughput postgres` (BENCH_ROUNDS rounds, default 3).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
 import subprocess
+import sys
+import tarfile
 import tempfile
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from io import BytesIO
 from typing import Any
 from urllib.parse import quote
 
-from bench._common import PEERS_PY, PY, ROOT, free_port, peers_available, start, stop, table, write_results
+from bench._common import (PEERS_PY, PY, ROOT, free_port, machine, peers_available, start, stop, table,
+                           write_results)
 
 WORKER = str(ROOT / "bench" / "_store_worker.py")
 SECONDS = float(os.environ.get("BENCH_SECONDS", "3"))
@@ -47,15 +57,17 @@ def client(py: str, impl: str, url: str, op: str, **kw: Any) -> dict[str, Any]:
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def clients(py: str, impl: str, url: str, op: str, n: int) -> float:
+def clients(py: str, impl: str, url: str | list[str], op: str, n: int) -> float:
     """Run n client processes at once; ops/s over the slowest one's time.
 
     Each process imports and connects first, then all start timing together (a barrier): Agent
     Lightning's client takes seconds to import, and staggered windows would not be n at once.
+    Given several URLs (replicas), client k talks to URL k mod their number.
     """
-    argv, env = worker_command(py, impl, url, op, "--barrier")
+    urls = [url] if isinstance(url, str) else url
+    commands = [worker_command(py, impl, urls[k % len(urls)], op, "--barrier") for k in range(n)]
     procs = [subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=env) for _ in range(n)]
+                              env=env) for argv, env in commands]
     try:
         for proc in procs:
             assert proc.stdout is not None and proc.stdin is not None
@@ -185,12 +197,91 @@ def headline() -> dict[str, Any]:
             "agl_median": agl_median, "ratio": ours_median / agl_median}
 
 
+PG_BASE = os.environ.get("PG_AB_BASE", "63c15b3")  # the commit before issue 19's PostgreSQL changes
+
+
+def spread(xs: list[float]) -> dict[str, Any]:
+    """Rounds, their median and range."""
+    return {"rounds": xs, "median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+
+
+@contextlib.contextmanager
+def on_src(src: str | None) -> Iterator[None]:
+    """Servers and clients started inside import rollfleet from ``src`` (None: this tree)."""
+    saved = os.environ.get("PYTHONPATH")
+    if src is not None:
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (src, saved) if p)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
+
+
+def src_of(rev: str) -> str:
+    """The ``src/`` of commit ``rev``, extracted into a temporary directory."""
+    tar = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "src"], capture_output=True, check=True).stdout
+    tmp = tempfile.mkdtemp(prefix="rollfleet-pg-base-")
+    with tarfile.open(fileobj=BytesIO(tar)) as t:
+        t.extractall(tmp, filter="data")
+    return f"{tmp}/src"
+
+
+def pg_round(replicas: int, src: str | None = None) -> float:
+    """claim+complete/s over HTTP, 4 client processes batching 16, on ``replicas`` fresh servers
+    sharing one fresh PostgreSQL schema (client k talks to replica k mod ``replicas``)."""
+    db = pg_schema_url()
+    assert db is not None
+    with on_src(src):
+        servers = [ours_server(db) for _ in range(replicas)]
+        try:
+            client(PY, "ours", servers[0][1], "seed", n=SEED)
+            return clients(PY, "ours", [url for _, url in servers], "claim_batch", 4)
+        finally:
+            for proc, _ in servers:
+                stop(proc)
+
+
+def postgres_rounds() -> dict[str, Any]:
+    """PostgreSQL over HTTP, 4 workers batched: before (``PG_BASE``) and after, 1 and 2 replicas,
+    in alternating rounds on the same machine state, a fresh schema and servers each round."""
+    base = src_of(PG_BASE)
+    sides: dict[str, tuple[int, str | None]] = {"before": (1, base), "after": (1, None), "after_2_replicas": (2, None)}
+    rounds: dict[str, list[float]] = {k: [] for k in sides}
+    for r in range(ROUNDS):
+        order = list(sides) if r % 2 == 0 else list(reversed(sides))
+        for k in order:
+            rounds[k].append(pg_round(*sides[k]))
+            print(f"postgres round {r + 1}/{ROUNDS} {k}: {rounds[k][-1]:,.0f}/s", flush=True)
+    out: dict[str, Any] = {"workload": "http_claim_complete_batched_4", "before_commit": PG_BASE,
+                           **{k: spread(v) for k, v in rounds.items()}}
+    out["after_vs_before"] = out["after"]["median"] / out["before"]["median"]
+    out["replicas_2_vs_1"] = out["after_2_replicas"]["median"] / out["after"]["median"]
+    table("PostgreSQL over HTTP, 4 workers batched (16), alternating rounds", ["", "rounds", "median"],
+          [[k, ", ".join(f"{x:,.0f}" for x in rounds[k]), out[k]["median"]] for k in sides])
+    return out
+
+
+def main_postgres() -> dict[str, Any]:
+    """Only the PostgreSQL rounds; the other figures of bench/results/store_throughput.json stay."""
+    path = ROOT / "bench" / "results" / "store_throughput.json"
+    results = json.loads(path.read_text()) if path.exists() else {}
+    results.pop("benchmark", None)
+    command = results.pop("command", "python -m bench store_throughput")
+    results["postgres"] = {**postgres_rounds(), "command": "python -m bench.store_throughput postgres",
+                           "machine": machine()}
+    return write_results("store_throughput", results, command)  # the older figures keep their machine
+
+
 def main() -> dict[str, Any]:
     """Measure everything side by side and write bench/results/store_throughput.json."""
     tmp = tempfile.mkdtemp(prefix="rollfleet-bench-")
     results: dict[str, Any] = {"ours_sqlite": ours_backend("sqlite", lambda: f"sqlite:///{tmp}/{uuid.uuid4().hex}.db")}
     if pg_schema_url() is not None:
         results["ours_postgres"] = ours_backend("postgres", pg_schema_url)
+        results["postgres"] = {**postgres_rounds(), "command": "python -m bench store_throughput"}
     else:
         results["ours_postgres"] = "PostgreSQL not reachable at " + PG
     results["agentlightning_0_3_0"] = agl() if peers_available("agentlightning") else "not installed (make peers)"
@@ -219,4 +310,4 @@ def main() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    main_postgres() if sys.argv[1:] == ["postgres"] else main()
