@@ -73,6 +73,10 @@ def store_rows(d: dict[str, Any]) -> list[str]:
                  f"{cell(pg_ab['before'])} (before) | {pg_ab['after_vs_before']:.2f}× |",
                  f"| store | {what}: 2 replicas (2 clients each) vs 1 | {cell(pg_ab['after_2_replicas'])} | "
                  f"{cell(pg_ab['after'])} (1 replica) | {pg_ab['replicas_2_vs_1']:.2f}× |"]
+        if "after_used" in pg_ab:
+            rows.append(f"| store | {what}, on servers that have already seeded and served one such phase: this "
+                        f"code vs commit {pg_ab['before_commit']} | {cell(pg_ab['after_used'])} | "
+                        f"{cell(pg_ab['before_used'])} (before) | {pg_ab['used_after_vs_before']:.2f}× |")
     return rows
 
 

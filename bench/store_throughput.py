@@ -229,26 +229,33 @@ def src_of(rev: str) -> str:
     return f"{tmp}/src"
 
 
-def pg_round(replicas: int, src: str | None = None) -> float:
+def pg_round(replicas: int, src: str | None = None, used: bool = False) -> float:
     """claim+complete/s over HTTP, 4 client processes batching 16, on ``replicas`` fresh servers
-    sharing one fresh PostgreSQL schema (client k talks to replica k mod ``replicas``)."""
+    sharing one fresh PostgreSQL schema (client k talks to replica k mod ``replicas``). ``used``:
+    the same servers have first seeded and served one untimed phase like it."""
     db = pg_schema_url()
     assert db is not None
     with on_src(src):
         servers = [ours_server(db) for _ in range(replicas)]
+        urls = [url for _, url in servers]
         try:
-            client(PY, "ours", servers[0][1], "seed", n=SEED)
-            return clients(PY, "ours", [url for _, url in servers], "claim_batch", 4)
+            for _ in range(2 if used else 1):
+                client(PY, "ours", urls[0], "seed", n=SEED)
+                rate = clients(PY, "ours", urls, "claim_batch", 4)
+            return rate
         finally:
             for proc, _ in servers:
                 stop(proc)
 
 
 def postgres_rounds() -> dict[str, Any]:
-    """PostgreSQL over HTTP, 4 workers batched: before (``PG_BASE``) and after, 1 and 2 replicas,
-    in alternating rounds on the same machine state, a fresh schema and servers each round."""
+    """PostgreSQL over HTTP, 4 workers batched: before (``PG_BASE``) and after, 1 and 2 replicas, and
+    before and after on servers that have already served one such phase (``_used``), in alternating
+    rounds on the same machine state, a fresh schema and servers each round."""
     base = src_of(PG_BASE)
-    sides: dict[str, tuple[int, str | None]] = {"before": (1, base), "after": (1, None), "after_2_replicas": (2, None)}
+    sides: dict[str, tuple[int, str | None, bool]] = {
+        "before": (1, base, False), "after": (1, None, False), "after_2_replicas": (2, None, False),
+        "before_used": (1, base, True), "after_used": (1, None, True)}
     rounds: dict[str, list[float]] = {k: [] for k in sides}
     for r in range(ROUNDS):
         order = list(sides) if r % 2 == 0 else list(reversed(sides))
@@ -259,6 +266,7 @@ def postgres_rounds() -> dict[str, Any]:
                            **{k: spread(v) for k, v in rounds.items()}}
     out["after_vs_before"] = out["after"]["median"] / out["before"]["median"]
     out["replicas_2_vs_1"] = out["after_2_replicas"]["median"] / out["after"]["median"]
+    out["used_after_vs_before"] = out["after_used"]["median"] / out["before_used"]["median"]
     table("PostgreSQL over HTTP, 4 workers batched (16), alternating rounds", ["", "rounds", "median"],
           [[k, ", ".join(f"{x:,.0f}" for x in rounds[k]), out[k]["median"]] for k in sides])
     return out
