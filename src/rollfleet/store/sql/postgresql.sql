@@ -202,11 +202,10 @@ FROM attempts a JOIN rollouts r ON r.rollout_id = a.rollout_id
 WHERE a.attempt_id = ANY (ARRAY(SELECT json_array_elements_text(:ids::json)));
 
 -- name: finish_attempt
--- Set-wise (:rows).
-UPDATE attempts a SET status = x.status, finished_at = x.now, error = x.error, charged = x.charged
-FROM json_to_recordset(:rows::json) AS x(attempt_id text, status text, now float8, error text, charged int)
-WHERE a.attempt_id = x.attempt_id AND a.status IN ('preparing', 'running')
-  AND a.attempt_id = ANY (ARRAY(SELECT e ->> 'attempt_id' FROM json_array_elements(:rows::json) e));
+-- One row a statement: set-wise, the planner matched the status guard to attempts_lease and walked
+-- every entry of that partial index, dead ones included.
+UPDATE attempts SET status = :status, finished_at = :now, error = :error, charged = :charged
+WHERE attempt_id = :attempt_id AND status IN ('preparing', 'running');
 
 -- name: finish_rollout
 UPDATE rollouts
@@ -284,11 +283,8 @@ UPDATE workers SET last_heartbeat_at = :now,
 WHERE worker_id = :worker_id;
 
 -- name: count_worker_outcome
--- Set-wise (:rows).
-UPDATE workers w SET rollouts_succeeded = w.rollouts_succeeded + x.succeeded,
-                     rollouts_failed = w.rollouts_failed + x.failed
-FROM json_to_recordset(:rows::json) AS x(worker_id text, succeeded int, failed int)
-WHERE w.worker_id = x.worker_id;
+UPDATE workers SET rollouts_succeeded = rollouts_succeeded + :succeeded, rollouts_failed = rollouts_failed + :failed
+WHERE worker_id = :worker_id;
 
 -- name: select_workers
 SELECT * FROM workers WHERE (:worker_id::text IS NULL OR worker_id = :worker_id::text) AND worker_id > :cursor
