@@ -120,3 +120,33 @@ async def test_an_actor_that_crashes_at_start_is_backed_off(ray_cluster: None, t
         ray.kill(actor, no_restart=True)
         await store.close()
         server.kill()
+
+
+async def test_the_workers_command_joins_a_ray_cluster_by_its_address(ray_cluster: None, tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    address = ray.get_runtime_context().gcs_address  # the cluster a user's head node runs
+    server = ServeProcess(f"sqlite:///{tmp_path}/cli.db").start()
+    store = HttpStore(server.url)
+    proc = subprocess.Popen([sys.executable, "-m", "rollfleet.cli", "workers", "--backend", "ray",
+                             "--ray-address", address, "-n", "2", "--concurrency", "2", "--prefix", "raycli",
+                             "--agent", "rollfleet.agents.sleep", "--store", server.url, "--grace", "5"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        specs = [RolloutSpec(input={"duration": 0.05}, rollout_id=f"cli-{i}") for i in range(12)]
+        await store.enqueue_many(specs)
+        done = await store.wait_for_rollouts([s.rollout_id for s in specs], 180)
+        assert [r.status for r in done] == [RolloutStatus.SUCCEEDED] * 12
+        assert {r.attempt.worker_id for r in done if r.attempt} <= {"raycli-0", "raycli-1"}
+        named = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+        assert any("raycli-0" in n for n in named), named  # its actors live in this very cluster
+        proc.send_signal(signal.SIGTERM)
+        out, _ = await asyncio.to_thread(proc.communicate, timeout=90)
+        assert proc.returncode == 0, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        await store.close()
+        server.kill()
