@@ -35,6 +35,15 @@ def pg_url() -> Iterator[str]:
         conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
+@pytest.fixture
+async def stores(pg_url: str) -> AsyncIterator[tuple[Any, Any]]:
+    """Two stores on one PostgreSQL database: what two control-plane replicas hold."""
+    a, b = open_sql_store(pg_url), open_sql_store(pg_url)
+    yield a, b
+    await a.close()
+    await b.close()
+
+
 def sql_url(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
     """The database URL for a backend kind."""
     if kind.endswith("postgres"):

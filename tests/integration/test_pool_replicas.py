@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import pytest
 
@@ -13,7 +13,7 @@ from rollfleet.errors import Conflict, InvalidInput, NotFound
 from rollfleet.pool.pool import Pool, PoolPolicy
 from rollfleet.pool.providers.memory import MemoryProvider
 from rollfleet.pool.shared import SharedPoolRegistry
-from rollfleet.store import SqlStore, open_sql_store
+from rollfleet.store import SqlStore
 
 
 async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -28,14 +28,6 @@ def registry(store: SqlStore) -> SharedPoolRegistry:
     """One replica's registry: a one-instance memory pool called ``m``, swept every 50 ms."""
     pool = Pool(MemoryProvider(), 1, name="m", policy=PoolPolicy(backoff_s=0.0))
     return SharedPoolRegistry(store, [(pool, 30.0)], sweep_s=0.05)
-
-
-@pytest.fixture
-async def stores(pg_url: str) -> AsyncIterator[tuple[SqlStore, SqlStore]]:
-    a, b = open_sql_store(pg_url), open_sql_store(pg_url)
-    yield a, b
-    await a.close()
-    await b.close()
 
 
 async def test_a_lease_is_renewed_and_released_through_another_replica(

@@ -6,22 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-
-import pytest
 
 from rollfleet.model import RolloutSpec
-from rollfleet.store import SqlStore, open_sql_store
+from rollfleet.store import SqlStore
 
 PROMPT_S = 0.5  # far under FALLBACK_POLL_S (1 s): only a notification wakes this fast
-
-
-@pytest.fixture
-async def stores(pg_url: str) -> AsyncIterator[tuple[SqlStore, SqlStore]]:
-    a, b = open_sql_store(pg_url), open_sql_store(pg_url)
-    yield a, b
-    await a.close()
-    await b.close()
 
 
 async def test_a_claim_waiting_on_one_replica_wakes_when_another_enqueues(
