@@ -13,10 +13,8 @@ import asyncio
 import contextlib
 import logging
 import os
-import reprlib
 import socket
 import time
-import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -28,7 +26,6 @@ from rollfleet.errors import (
     NotFound,
     RollfleetError,
     StoreUnavailable,
-    describe_failure,
 )
 from rollfleet.model import (
     AttemptStatus,
@@ -43,6 +40,7 @@ from rollfleet.model import (
 from rollfleet.runner.agent import AgentFn, agent_defaults, load_agent, to_result
 from rollfleet.runner.batching import NaturalBatcher
 from rollfleet.runner.context import RolloutContext
+from rollfleet.runner.describe import describe, input_preview
 from rollfleet.store.base import Store
 from rollfleet.web.errors import error_named
 
@@ -50,7 +48,6 @@ log = logging.getLogger("rollfleet.runner")
 T = TypeVar("T")
 RECORD_S = 30.0  # shutdown waits this long for the ends of attempts to be recorded,
 CUT_OFF_S = 5.0  # then cancels what is left and waits this long for it to end
-INPUT_PREVIEW_CHARS = 200  # events carry this much of a rollout's input, never all of it
 EventFn = Callable[..., None]
 Hook = Callable[[Rollout], Any]
 Outcome = tuple[AttemptStatus, RolloutResult | None, str | None] | None  # None: not recorded
@@ -282,7 +279,7 @@ class Runner:
                     value = await self._call_agent(rollout, ctx)
                     outcome = (AttemptStatus.SUCCEEDED, to_result(value), None)
                 except Exception as exc:
-                    outcome = (AttemptStatus.FAILED, None, _describe(exc))
+                    outcome = (AttemptStatus.FAILED, None, describe(exc))
         except TimeoutError:
             limit = f"timeout_s={rollout.config.timeout_s} exceeded"
             outcome = (AttemptStatus.TIMEOUT, None, limit)
@@ -486,23 +483,3 @@ class Runner:
     def _release_all(self) -> None:
         for live in list(self._live.values()):
             self._cancel(live, release=True)
-
-
-def input_preview(value: Any, limit: int = INPUT_PREVIEW_CHARS) -> str:
-    """The start of a rollout's input as text, for events: never the whole of a large input."""
-    text = value[: limit + 1] if isinstance(value, str) else reprlib_repr(value, limit)
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
-def reprlib_repr(value: Any, limit: int) -> str:
-    """``repr`` that stops building strings and containers early (a 200 KiB input costs little)."""
-    r = reprlib.Repr()
-    r.maxstring = r.maxother = r.maxlong = limit
-    r.maxdict = r.maxlist = r.maxtuple = r.maxset = 20
-    r.maxlevel = 4
-    return r.repr(value)
-
-
-def _describe(exc: BaseException) -> str:
-    tail = "".join(traceback.format_exception(exc)[-3:]).strip()
-    return describe_failure(exc, f"{type(exc).__name__}: {exc}\n{tail}"[:4000])
