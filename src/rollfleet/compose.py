@@ -63,7 +63,7 @@ def mount_gateway(
             await engine.start()
             gateway.add_replica(engine)
 
-    parts.routers.append(("", gateway_router(gateway, options.token)))
+    parts.routers.append(("", gateway_router(gateway, options.token, blobs=store.get_blob)))
     parts.on_startup.append(start_engines)
     parts.on_shutdown.append(gateway.close)
     extras["engines"] = gateway.replicas

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rollfleet.engines.base import Delta, Generation, GenerationRequest, SamplingParams
 from rollfleet.engines.gateway import Gateway
+from rollfleet.engines.images import BlobSource, resolve_references
 from rollfleet.errors import Conflict, InvalidInput, RollfleetError
 from rollfleet.web.errors import ERROR_RESPONSES
 from rollfleet.web.guard import GATEWAY_GUARD, GuardConfig, RequestGuard
@@ -268,12 +269,14 @@ async def _events(
     yield b"data: [DONE]\n\n"
 
 
-def _request(raw: bytes, chat: bool) -> tuple[_Body, GenerationRequest, bool]:
+async def _request(
+    raw: bytes, chat: bool, blobs: BlobSource | None
+) -> tuple[_Body, GenerationRequest, bool]:
     """The parsed body, the engine request and whether logprobs were asked for."""
     if chat:
         chat_body = _parse(ChatBody, raw)
         want = chat_body.logprobs
-        messages = chat_body.messages
+        messages = await resolve_references(chat_body.messages, blobs)
         request = GenerationRequest(
             messages=messages, params=chat_body.params(want), model=chat_body.model
         )
@@ -286,8 +289,11 @@ def _request(raw: bytes, chat: bool) -> tuple[_Body, GenerationRequest, bool]:
     return completion, request, want
 
 
-def gateway_router(gateway: Gateway, token: str | None = None) -> APIRouter:
-    """An APIRouter with the gateway's endpoints (mount it in any FastAPI app)."""
+def gateway_router(
+    gateway: Gateway, token: str | None = None, blobs: BlobSource | None = None
+) -> APIRouter:
+    """An APIRouter with the gateway's endpoints (mount it in any FastAPI app); ``blobs`` lets
+    chat calls show images the store holds by reference (``rollfleet-blob:<sha256>``)."""
 
     checks = [Depends(bearer_check(token, "gateway")), Depends(check_json_body)]
     router = APIRouter(
@@ -296,7 +302,7 @@ def gateway_router(gateway: Gateway, token: str | None = None) -> APIRouter:
 
     async def run(raw: bytes, chat: bool, rollout: str | None, attempt: str | None) -> Response:
         try:
-            body, request, want = _request(raw, chat)
+            body, request, want = await _request(raw, chat, blobs)
             shaper = _Shaper(request, body, want)
             if body.stream:
                 gateway.router.live(vision=bool(request.images))  # refused before the stream

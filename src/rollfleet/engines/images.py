@@ -7,7 +7,9 @@ format by its first bytes (the declared type must match) and the caps (:data:`MA
 decoded per image, :data:`MAX_IMAGES` per request), and returns :class:`ImageInput` records
 named by their SHA-256. Anything else is an :class:`ImageRefused` (HTTP 400) naming the message
 and the part. URLs that are not data URLs (``http:``, ``https:``, ``file:``) are refused: the
-control plane never fetches a URL or reads a file on a caller's behalf.
+control plane never fetches a URL or reads a file on a caller's behalf. The one reference taken
+is to an image the store holds already, ``rollfleet-blob:<sha256>`` (:func:`resolve_references`,
+for the gateway of ``rollfleet serve``).
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ import base64
 import binascii
 import hashlib
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollfleet.errors import InvalidInput
+from rollfleet.errors import InvalidInput, NotFound
+from rollfleet.store.blobs import PREFIX as BLOB_PREFIX
+from rollfleet.store.blobs import Blob
 
 MAX_IMAGE_BYTES = 10 * 1024 * 1024
 """The largest image accepted, decoded (10 MiB)."""
@@ -147,6 +152,48 @@ def request_images(messages: list[dict[str, Any]] | None) -> tuple[ImageInput, .
                 )
             found.append(decode_part(part, m, p))
     return tuple(found)
+
+
+BlobSource = Callable[[str], Awaitable[Blob]]
+
+
+async def resolve_references(
+    messages: list[dict[str, Any]], blobs: BlobSource | None
+) -> list[dict[str, Any]]:
+    """The messages with every ``rollfleet-blob:<sha256>`` image url (an image the store holds
+    already: an agent sends a screenshot inline once, then by its hash) as a data URL again.
+    ImageRefused naming the part when no store is behind this gateway or it holds no such image."""
+    refs = [
+        (m, p)
+        for m, message in enumerate(messages)
+        if isinstance(message, dict) and isinstance(message.get("content"), list)
+        for p, part in enumerate(message["content"])
+        if is_image_part(part) and _url(part).startswith(BLOB_PREFIX)
+    ]
+    if not refs:
+        return messages
+    if len(refs) > MAX_IMAGES:
+        raise ImageRefused(f"more than {MAX_IMAGES} images in one request")
+    out = list(messages)
+    for m, p in refs:
+        where = f"messages[{m}].content[{p}]"
+        if blobs is None:
+            raise ImageRefused(f"{where}: {BLOB_PREFIX} references need the gateway of a store")
+        sha = _url(messages[m]["content"][p])[len(BLOB_PREFIX) :]
+        try:
+            blob = await blobs(sha)
+        except NotFound as exc:
+            raise ImageRefused(f"{where}: the store holds no image {sha[:64]!r}") from exc
+        content = list(out[m]["content"]) if out[m] is messages[m] else out[m]["content"]
+        content[p] = image_part(blob.data, blob.media_type)
+        out[m] = {**out[m], "content": content}
+    return out
+
+
+def _url(part: dict[str, Any]) -> str:
+    spec = part.get("image_url")
+    url = spec.get("url") if isinstance(spec, dict) else spec
+    return url if isinstance(url, str) else ""
 
 
 def cannot_see(engine: str) -> ImageRefused:
