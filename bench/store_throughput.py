@@ -15,6 +15,7 @@ the other figures: `python -m bench.store_throughput postgres` (BENCH_ROUNDS rou
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -98,16 +99,33 @@ def inproc(py: str, impl: str, url: str, op: str, n: int) -> float:
     return float(r["ops"] / r["seconds"])
 
 
+_SCHEMAS: list[str] = []  # made by this run; dropped when it exits
+
+
 def pg_schema_url() -> str | None:
+    """A URL on a fresh PostgreSQL schema (dropped at exit), or None without PostgreSQL."""
     try:
         import psycopg
 
         schema = f"bench_{uuid.uuid4().hex[:8]}"
         with psycopg.connect(PG, autocommit=True, connect_timeout=3) as conn:
             conn.execute(f"CREATE SCHEMA {schema}")
+        _SCHEMAS.append(schema)
         return f"{PG}?options={quote(f'-c search_path={schema}')}"
     except Exception:
         return None
+
+
+@atexit.register
+def _drop_schemas() -> None:
+    """Leave nothing behind in the database: every schema this run made goes."""
+    if not _SCHEMAS:
+        return
+    import psycopg
+
+    with psycopg.connect(PG, autocommit=True, connect_timeout=3) as conn:
+        for schema in _SCHEMAS:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
 def ours_server(db_url: str) -> tuple[subprocess.Popen[bytes], str]:
