@@ -11,7 +11,11 @@ from pathlib import Path
 def main() -> None:
     """Run the named benchmarks, or all of them."""
     wanted = sys.argv[1:]
-    names = sorted(m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)]) if not m.name.startswith("_"))
+    names = sorted(
+        m.name
+        for m in pkgutil.iter_modules([str(Path(__file__).parent)])
+        if not m.name.startswith("_")
+    )
     for name in names:
         if wanted and name not in wanted:
             continue

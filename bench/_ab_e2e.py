@@ -25,9 +25,19 @@ async def main() -> None:
     from rollfleet.runner.local import LocalFleet
 
     port = free_port()
-    server = start([sys.executable, "-m", "rollfleet.cli", "serve", "--db",
-                    f"sqlite:///{tempfile.mkdtemp()}/ab.db", "--port", str(port)],
-                   f"http://127.0.0.1:{port}/health")
+    server = start(
+        [
+            sys.executable,
+            "-m",
+            "rollfleet.cli",
+            "serve",
+            "--db",
+            f"sqlite:///{tempfile.mkdtemp()}/ab.db",
+            "--port",
+            str(port),
+        ],
+        f"http://127.0.0.1:{port}/health",
+    )
     url = f"http://127.0.0.1:{port}"
     store = HttpStore(url)
     fleet = LocalFleet(url, "rollfleet.agents.sleep", n=N, concurrency=CONCURRENCY, grace_s=5.0)
@@ -36,7 +46,9 @@ async def main() -> None:
         while len((await store.query_workers()).items) < N:  # every runner registered and polling
             await asyncio.sleep(0.05)
         started = time.perf_counter()
-        made = await store.enqueue_many([RolloutSpec(input={"duration": 0.05, "i": i}) for i in range(ROLLOUTS)])
+        made = await store.enqueue_many(
+            [RolloutSpec(input={"duration": 0.05, "i": i}) for i in range(ROLLOUTS)]
+        )
         done = await store.wait_for_rollouts([r.rollout_id for r in made], 300)
         wall = time.perf_counter() - started
         ok = sum(r.status is RolloutStatus.SUCCEEDED for r in done)

@@ -24,8 +24,12 @@ console = Console()
 
 def machine() -> dict[str, Any]:
     """What the figures were measured on."""
-    return {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform(),
-            "date": time.strftime("%Y-%m-%d")}
+    return {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
 
 
 def write_results(name: str, figures: dict[str, Any], command: str) -> dict[str, Any]:
@@ -79,7 +83,10 @@ def peers_available(module: str) -> bool:
     """True when the peers' venv has ``module``."""
     if not PEERS_PY.exists():
         return False
-    return subprocess.run([str(PEERS_PY), "-c", f"import {module}"], capture_output=True).returncode == 0
+    return (
+        subprocess.run([str(PEERS_PY), "-c", f"import {module}"], capture_output=True).returncode
+        == 0
+    )
 
 
 def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:

@@ -100,14 +100,32 @@ class Runners:
 
     def __init__(self, url: str, n: int) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.procs = [subprocess.Popen([sys.executable, str(HERE), "--role", "runner", "--url", url,
-                                        "--worker-id", str(i)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                       text=True, env=env) for i in range(n)]
+        self.procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(HERE),
+                    "--role",
+                    "runner",
+                    "--url",
+                    url,
+                    "--worker-id",
+                    str(i),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+                env=env,
+            )
+            for i in range(n)
+        ]
         self.ready = 0
         self.starts: dict[str, tuple[int, float]] = {}
         self.cond = threading.Condition()
-        self.threads = [threading.Thread(target=self._read, args=(k, p), daemon=True)
-                        for k, p in enumerate(self.procs)]
+        self.threads = [
+            threading.Thread(target=self._read, args=(k, p), daemon=True)
+            for k, p in enumerate(self.procs)
+        ]
         for t in self.threads:
             t.start()
 
@@ -155,7 +173,9 @@ async def wait_all(store: Any, ids: list[str], timeout: float) -> list[Any]:
     return done
 
 
-async def throughput(store: Any, runners: Runners, inputs: list[Any], timeout: float) -> dict[str, Any]:
+async def throughput(
+    store: Any, runners: Runners, inputs: list[Any], timeout: float
+) -> dict[str, Any]:
     """Enqueue a batch while the runners sleep between polls; rollouts/s from enqueue to all succeeded."""
     from agentlightning.types import EnqueueRolloutRequest
 
@@ -169,18 +189,27 @@ async def throughput(store: Any, runners: Runners, inputs: list[Any], timeout: f
     with runners.cond:
         for k, t in (runners.starts[i] for i in ids if i in runners.starts):
             firsts[k] = min(t, firsts.get(k, t))
-    return {"rollouts": len(ids), "succeeded": ok, "seconds": t1 - t0, "rollouts_per_s": ok / (t1 - t0),
-            "runner_first_start_after_s": sorted(round(t - t0, 3) for t in firsts.values())}
+    return {
+        "rollouts": len(ids),
+        "succeeded": ok,
+        "seconds": t1 - t0,
+        "rollouts_per_s": ok / (t1 - t0),
+        "runner_first_start_after_s": sorted(round(t - t0, 3) for t in firsts.values()),
+    }
 
 
-async def throughput_awake(store: Any, runners: Runners, inputs: list[Any], timeout: float) -> dict[str, Any]:
+async def throughput_awake(
+    store: Any, runners: Runners, inputs: list[Any], timeout: float
+) -> dict[str, Any]:
     """The same batch with every runner awake: each first takes a hold task that ends at one instant T
     (all of them wake within one poll interval, 5.5 s), the batch is queued before T; rollouts/s from T."""
     from agentlightning.types import EnqueueRolloutRequest
 
     n = len(runners.procs)
     until = time.time() + 6.5
-    holds = await store.enqueue_many_rollouts([EnqueueRolloutRequest(input={"until": until}) for _ in range(n)])
+    holds = await store.enqueue_many_rollouts(
+        [EnqueueRolloutRequest(input={"until": until}) for _ in range(n)]
+    )
     hold_ids = [r.rollout_id for r in holds]
     if not runners.wait(lambda: all(i in runners.starts for i in hold_ids), 15):
         raise RuntimeError("the hold tasks did not all start within 15 s")
@@ -192,8 +221,13 @@ async def throughput_awake(store: Any, runners: Runners, inputs: list[Any], time
     done = await wait_all(store, ids, timeout)
     t1 = time.time()
     ok = sum(1 for r in done if r.status == "succeeded")
-    return {"rollouts": len(ids), "succeeded": ok, "seconds": t1 - until, "rollouts_per_s": ok / (t1 - until),
-            "runners_awake": holders}
+    return {
+        "rollouts": len(ids),
+        "succeeded": ok,
+        "seconds": t1 - until,
+        "rollouts_per_s": ok / (t1 - until),
+        "runners_awake": holders,
+    }
 
 
 async def dispatch(store: Any, runners: Runners, samples: int) -> dict[str, Any]:
@@ -201,7 +235,9 @@ async def dispatch(store: Any, runners: Runners, samples: int) -> dict[str, Any]
     rng = random.Random(7)
     waits: list[float] = []
     for i in range(samples):
-        await asyncio.sleep(rng.uniform(0.3, 1.3))  # every runner has found the queue empty and sleeps
+        await asyncio.sleep(
+            rng.uniform(0.3, 1.3)
+        )  # every runner has found the queue empty and sleeps
         t0 = time.time()
         rollout = await store.enqueue_rollout(input={"probe": i})
         rid = rollout.rollout_id
@@ -210,16 +246,30 @@ async def dispatch(store: Any, runners: Runners, samples: int) -> dict[str, Any]
         waits.append((runners.starts[rid][1] - t0) * 1000)
         await wait_all(store, [rid], 10)
     waits.sort()
-    return {"p50_ms": statistics.median(waits), "max_ms": waits[-1], "samples": samples,
-            "all_ms": [round(w, 1) for w in waits]}
-
-
+    return {
+        "p50_ms": statistics.median(waits),
+        "max_ms": waits[-1],
+        "samples": samples,
+        "all_ms": [round(w, 1) for w in waits],
+    }
 
 
 def start_store(port: int) -> subprocess.Popen[bytes]:
     """Start ``agl store`` (its in-memory store) on a port."""
-    return subprocess.Popen([str(AGL_BIN), "store", "--host", "127.0.0.1", "--port", str(port), "--log-level",
-                             "WARNING"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [
+            str(AGL_BIN),
+            "store",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "WARNING",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def log(msg: str) -> None:
@@ -241,20 +291,27 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
         wait_healthy(f"{url}/v1/agl/health", server)
         log(f"store up after {time.monotonic() - began:.1f}s")
         store = LightningStoreClient(url)
-        await store.add_resources({"main_llm": agl.LLM(endpoint="http://127.0.0.1:9/v1", model="unused")})
+        await store.add_resources(
+            {"main_llm": agl.LLM(endpoint="http://127.0.0.1:9/v1", model="unused")}
+        )
         runners = Runners(url, args.runners)
         if not runners.wait(lambda: runners is not None and runners.ready == args.runners, 120):
             raise RuntimeError("Agent Lightning runners did not start")
         log(f"runners up after {time.monotonic() - began:.1f}s")
         await asyncio.sleep(1.0)  # each runner's first poll found the queue empty: all are idle now
         out: dict[str, Any] = {"runners": args.runners, "poll_interval_s": 5.0}
-        out["sleep"] = await throughput(store, runners, [{"duration": 0.05, "i": i} for i in range(args.sleep_n)],
-                                        args.timeout)
+        out["sleep"] = await throughput(
+            store, runners, [{"duration": 0.05, "i": i} for i in range(args.sleep_n)], args.timeout
+        )
         out["sleep_awake"] = await throughput_awake(
-            store, runners, [{"duration": 0.05, "i": i} for i in range(args.sleep_n)], args.timeout)
-        out["echo"] = await throughput(store, runners, [{"echo": i} for i in range(args.echo_n)], args.timeout)
-        out["echo_awake"] = await throughput_awake(store, runners, [{"echo": i} for i in range(args.echo_n)],
-                                                   args.timeout)
+            store, runners, [{"duration": 0.05, "i": i} for i in range(args.sleep_n)], args.timeout
+        )
+        out["echo"] = await throughput(
+            store, runners, [{"echo": i} for i in range(args.echo_n)], args.timeout
+        )
+        out["echo_awake"] = await throughput_awake(
+            store, runners, [{"echo": i} for i in range(args.echo_n)], args.timeout
+        )
         out["dispatch_latency"] = await dispatch(store, runners, args.samples)
         return out
     finally:

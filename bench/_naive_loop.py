@@ -36,11 +36,22 @@ def main() -> None:
             {"role": "system", "content": mode.system_prompt(task)},
             {"role": "user", "content": mode.user_prompt(task)},
         ]
-        reply = llm.create_chat_completion(messages=messages, max_tokens=max_tokens, temperature=0.7)
+        reply = llm.create_chat_completion(
+            messages=messages, max_tokens=max_tokens, temperature=0.7
+        )
         tokens += reply["usage"]["completion_tokens"]
     wall = time.perf_counter() - STARTED
-    print(json.dumps({"wall_s": wall, "completion_tokens": tokens, "tokens_per_s": tokens / wall,
-                      "tasks": len(tasks), "threads": threads}))
+    print(
+        json.dumps(
+            {
+                "wall_s": wall,
+                "completion_tokens": tokens,
+                "tokens_per_s": tokens / wall,
+                "tasks": len(tasks),
+                "threads": threads,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -30,53 +30,75 @@ def store_rows(d: dict[str, Any]) -> list[str]:
     rows = []
     head = d.get("headline")
     if head:
-        rows.append(f"| store | claim+complete/s over HTTP, 4 workers, batched (16): median of {len(head['rounds']['ours'])} "
-                    f"interleaved rounds | {n(head['ours_median'])} (SQLite, durable) | {n(head['agl_median'])} "
-                    f"(Agent Lightning 0.3.0, in memory) | {head['ratio']:.1f}× |")
+        rows.append(
+            f"| store | claim+complete/s over HTTP, 4 workers, batched (16): median of {len(head['rounds']['ours'])} "
+            f"interleaved rounds | {n(head['ours_median'])} (SQLite, durable) | {n(head['agl_median'])} "
+            f"(Agent Lightning 0.3.0, in memory) | {head['ratio']:.1f}× |"
+        )
     why_memory = " — a durable write (SQLite fsync'd WAL) against a Python dict: the price of surviving kill -9"
-    for key, label in [("http_claim_complete_batched_4", "claim+complete/s over HTTP, 4 workers, batched (16), one run after five other phases"),
-                       ("http_claim_complete_4", "claim+complete/s over HTTP, 4 workers, one per request"),
-                       ("http_claim_complete_batched_1", "claim+complete/s over HTTP, 1 worker, batched (16)"),
-                       ("http_claim_complete_1", "claim+complete/s over HTTP, 1 worker, one per request"),
-                       ("http_enqueue_4", "enqueue/s over HTTP, 4 clients"),
-                       ("http_enqueue_1", "enqueue/s over HTTP, 1 client"),
-                       ("inproc_claim_complete_batched_4", "claim+complete/s in-process, 4 workers, batched"),
-                       ("inproc_claim_complete_batched_1", "claim+complete/s in-process, 1 worker, batched"),
-                       ("inproc_claim_complete_4", "claim+complete/s in-process, 4 workers, one at a time"),
-                       ("inproc_claim_complete_1", "claim+complete/s in-process, 1 worker, one at a time"),
-                       ("inproc_enqueue_4", "enqueue/s in-process, 4 clients"),
-                       ("inproc_enqueue_1", "enqueue/s in-process, 1 client")]:
+    for key, label in [
+        (
+            "http_claim_complete_batched_4",
+            "claim+complete/s over HTTP, 4 workers, batched (16), one run after five other phases",
+        ),
+        ("http_claim_complete_4", "claim+complete/s over HTTP, 4 workers, one per request"),
+        ("http_claim_complete_batched_1", "claim+complete/s over HTTP, 1 worker, batched (16)"),
+        ("http_claim_complete_1", "claim+complete/s over HTTP, 1 worker, one per request"),
+        ("http_enqueue_4", "enqueue/s over HTTP, 4 clients"),
+        ("http_enqueue_1", "enqueue/s over HTTP, 1 client"),
+        ("inproc_claim_complete_batched_4", "claim+complete/s in-process, 4 workers, batched"),
+        ("inproc_claim_complete_batched_1", "claim+complete/s in-process, 1 worker, batched"),
+        ("inproc_claim_complete_4", "claim+complete/s in-process, 4 workers, one at a time"),
+        ("inproc_claim_complete_1", "claim+complete/s in-process, 1 worker, one at a time"),
+        ("inproc_enqueue_4", "enqueue/s in-process, 4 clients"),
+        ("inproc_enqueue_1", "enqueue/s in-process, 1 client"),
+    ]:
         if key not in ours:
             continue
         theirs = agl.get(key)
         ratio = f"{ours[key] / theirs:.2f}×" if theirs else "–"
         loses = bool(theirs) and ours[key] < theirs
-        rows.append(f"| store | {label}{why_memory if loses else ''} | {n(ours[key])} (SQLite, durable) | "
-                    f"{n(theirs) if theirs else '–'} (Agent Lightning 0.3.0, in memory) | {ratio} |")
+        rows.append(
+            f"| store | {label}{why_memory if loses else ''} | {n(ours[key])} (SQLite, durable) | "
+            f"{n(theirs) if theirs else '–'} (Agent Lightning 0.3.0, in memory) | {ratio} |"
+        )
     lat, agl_lat = ours["dispatch_latency"], agl.get("dispatch_latency", {})
-    rows.append(f"| store | dispatch latency p50, enqueue → claimed by an idle worker | {lat['p50_ms']:.1f} ms | "
-                f"{n(agl_lat.get('p50_ms', 0))} ms (5 s polling) | "
-                f"{agl_lat.get('p50_ms', 0) / lat['p50_ms']:.0f}× faster |")
+    rows.append(
+        f"| store | dispatch latency p50, enqueue → claimed by an idle worker | {lat['p50_ms']:.1f} ms | "
+        f"{n(agl_lat.get('p50_ms', 0))} ms (5 s polling) | "
+        f"{agl_lat.get('p50_ms', 0) / lat['p50_ms']:.0f}× faster |"
+    )
     pg = d.get("ours_postgres")
     if isinstance(pg, dict):
         when = f" (full run of {d['machine']['date']})" if "postgres" in d else ""
-        rows.append(f"| store | claim+complete/s over HTTP, 4 workers, batched, PostgreSQL{when} | "
-                    f"{n(pg['http_claim_complete_batched_4'])} | – | – |")
-    pg_ab = d.get("postgres")  # after vs before issue 19's changes, 2 replicas vs 1: alternating rounds
+        rows.append(
+            f"| store | claim+complete/s over HTTP, 4 workers, batched, PostgreSQL{when} | "
+            f"{n(pg['http_claim_complete_batched_4'])} | – | – |"
+        )
+    pg_ab = d.get(
+        "postgres"
+    )  # after vs before issue 19's changes, 2 replicas vs 1: alternating rounds
     if pg_ab:
+
         def cell(s: dict[str, Any]) -> str:
             return f"{n(s['median'])} [{n(s['min'])}–{n(s['max'])}]"
 
-        what = (f"claim+complete/s over HTTP, 4 workers, batched (16), PostgreSQL, median [range] of "
-                f"{len(pg_ab['after']['rounds'])} alternating rounds ({pg_ab['machine']['date']})")
-        rows += [f"| store | {what}: this code vs commit {pg_ab['before_commit']} | {cell(pg_ab['after'])} | "
-                 f"{cell(pg_ab['before'])} (before) | {pg_ab['after_vs_before']:.2f}× |",
-                 f"| store | {what}: 2 replicas (2 clients each) vs 1 | {cell(pg_ab['after_2_replicas'])} | "
-                 f"{cell(pg_ab['after'])} (1 replica) | {pg_ab['replicas_2_vs_1']:.2f}× |"]
+        what = (
+            f"claim+complete/s over HTTP, 4 workers, batched (16), PostgreSQL, median [range] of "
+            f"{len(pg_ab['after']['rounds'])} alternating rounds ({pg_ab['machine']['date']})"
+        )
+        rows += [
+            f"| store | {what}: this code vs commit {pg_ab['before_commit']} | {cell(pg_ab['after'])} | "
+            f"{cell(pg_ab['before'])} (before) | {pg_ab['after_vs_before']:.2f}× |",
+            f"| store | {what}: 2 replicas (2 clients each) vs 1 | {cell(pg_ab['after_2_replicas'])} | "
+            f"{cell(pg_ab['after'])} (1 replica) | {pg_ab['replicas_2_vs_1']:.2f}× |",
+        ]
         if "after_used" in pg_ab:
-            rows.append(f"| store | {what}, on servers that have already seeded and served one such phase: this "
-                        f"code vs commit {pg_ab['before_commit']} | {cell(pg_ab['after_used'])} | "
-                        f"{cell(pg_ab['before_used'])} (before) | {pg_ab['used_after_vs_before']:.2f}× |")
+            rows.append(
+                f"| store | {what}, on servers that have already seeded and served one such phase: this "
+                f"code vs commit {pg_ab['before_commit']} | {cell(pg_ab['after_used'])} | "
+                f"{cell(pg_ab['before_used'])} (before) | {pg_ab['used_after_vs_before']:.2f}× |"
+            )
     return rows
 
 
@@ -84,54 +106,77 @@ def e2e_rows(d: dict[str, Any]) -> list[str]:
     agl = d["agentlightning_0_3_0"]
     rows = []
     for backend in ("local", "ray"):
-        best = max((k for k in d["ours"][backend] if k.startswith("sleep_")),
-                   key=lambda k: d["ours"][backend][k]["rollouts_per_s"])
+        best = max(
+            (k for k in d["ours"][backend] if k.startswith("sleep_")),
+            key=lambda k: d["ours"][backend][k]["rollouts_per_s"],
+        )
         ours = d["ours"][backend][best]["rollouts_per_s"]
-        shape = best.removeprefix("sleep_").replace("_", " × ").replace("n", "").replace("c", "concurrency ")
-        rows.append(f"| runners | rollouts/s, 50 ms sleep agent, {backend} runners ({shape}) | {n(ours)} | "
-                    f"{n(agl['sleep']['rollouts_per_s'])} ({n(agl['sleep_awake']['rollouts_per_s'])} awake) "
-                    f"| {ours / agl['sleep']['rollouts_per_s']:.1f}× ({ours / agl['sleep_awake']['rollouts_per_s']:.1f}×) |")
+        shape = (
+            best.removeprefix("sleep_")
+            .replace("_", " × ")
+            .replace("n", "")
+            .replace("c", "concurrency ")
+        )
+        rows.append(
+            f"| runners | rollouts/s, 50 ms sleep agent, {backend} runners ({shape}) | {n(ours)} | "
+            f"{n(agl['sleep']['rollouts_per_s'])} ({n(agl['sleep_awake']['rollouts_per_s'])} awake) "
+            f"| {ours / agl['sleep']['rollouts_per_s']:.1f}× ({ours / agl['sleep_awake']['rollouts_per_s']:.1f}×) |"
+        )
     like = d["ours"]["local"].get("sleep_n4_c1")
     if like:
-        rows.append(f"| runners | like for like: rollouts/s, 50 ms sleep agent, 4 local runners × 1 rollout each, as "
-                    f"Agent Lightning's 4 runners | {n(like['rollouts_per_s'])} | {n(agl['sleep']['rollouts_per_s'])} "
-                    f"({n(agl['sleep_awake']['rollouts_per_s'])} awake) | "
-                    f"{like['rollouts_per_s'] / agl['sleep']['rollouts_per_s']:.1f}× "
-                    f"({like['rollouts_per_s'] / agl['sleep_awake']['rollouts_per_s']:.1f}×) |")
-    lat = d["ours"]["local"].get("dispatch_latency_n4") or d["ours"]["local"].get("dispatch_latency_n1")
-    rows.append(f"| runners | idle runner dispatch p50 (enqueue → agent running) | {lat['p50_ms']:.1f} ms | "
-                f"{n(agl['dispatch_latency']['p50_ms'])} ms | – |")
+        rows.append(
+            f"| runners | like for like: rollouts/s, 50 ms sleep agent, 4 local runners × 1 rollout each, as "
+            f"Agent Lightning's 4 runners | {n(like['rollouts_per_s'])} | {n(agl['sleep']['rollouts_per_s'])} "
+            f"({n(agl['sleep_awake']['rollouts_per_s'])} awake) | "
+            f"{like['rollouts_per_s'] / agl['sleep']['rollouts_per_s']:.1f}× "
+            f"({like['rollouts_per_s'] / agl['sleep_awake']['rollouts_per_s']:.1f}×) |"
+        )
+    lat = d["ours"]["local"].get("dispatch_latency_n4") or d["ours"]["local"].get(
+        "dispatch_latency_n1"
+    )
+    rows.append(
+        f"| runners | idle runner dispatch p50 (enqueue → agent running) | {lat['p50_ms']:.1f} ms | "
+        f"{n(agl['dispatch_latency']['p50_ms'])} ms | – |"
+    )
     return rows
 
 
 def pool_rows(d: dict[str, Any]) -> list[str]:
     c = d["cases"][0]
-    return [f"| pools | tasks/s, N=5 sharing M=3, task {c['task_s']} s + reset {c['reset_s']} s | "
-            f"{c['rollfleet_tasks_per_s']:.2f} ({100 * c['rollfleet_vs_bound']:.1f}% of the bound) | "
-            f"{c['global_lock_tasks_per_s']:.2f} (the seed's global lock) | {c['rollfleet_vs_global_lock']:.1f}× |"]
+    return [
+        f"| pools | tasks/s, N=5 sharing M=3, task {c['task_s']} s + reset {c['reset_s']} s | "
+        f"{c['rollfleet_tasks_per_s']:.2f} ({100 * c['rollfleet_vs_bound']:.1f}% of the bound) | "
+        f"{c['global_lock_tasks_per_s']:.2f} (the seed's global lock) | {c['rollfleet_vs_global_lock']:.1f}× |"
+    ]
 
 
 def engine_rows(d: dict[str, Any]) -> list[str]:
     b = d["llamacpp"]["batched"]
-    return [f"| engines | llama.cpp SmolLM2-135M tokens/s at concurrency 1 / 4 / 8 | "
-            f"{n(b['1'])} / {n(b['4'])} / {n(b['8'])} | – | {d['llamacpp']['batched_ratio_vs_1']['8']:.2f}× at 8 |",
-            f"| engines | gateway overhead per request over HTTP (trivial engine) | "
-            f"{d['overhead']['echo']['overhead_http_ms']:.2f} ms | – | target ≤ 2 ms |"]
+    return [
+        f"| engines | llama.cpp SmolLM2-135M tokens/s at concurrency 1 / 4 / 8 | "
+        f"{n(b['1'])} / {n(b['4'])} / {n(b['8'])} | – | {d['llamacpp']['batched_ratio_vs_1']['8']:.2f}× at 8 |",
+        f"| engines | gateway overhead per request over HTTP (trivial engine) | "
+        f"{d['overhead']['echo']['overhead_http_ms']:.2f} ms | – | target ≤ 2 ms |",
+    ]
 
 
 def straggler_rows(d: dict[str, Any]) -> list[str]:
     by = {r["policy"]: r for r in d["results"]}
     co, wait, cancel = by["carry_over"], by["wait"], by["cancel"]
-    return [f"| batches | step time, 64 log-normal tasks, min_wait 90% | {co['step_time_mean_s']:.2f} s carry_over, "
-            f"{100 * co['work_kept_fraction']:.0f}% work kept | {wait['step_time_mean_s']:.2f} s wait; "
-            f"{cancel['step_time_mean_s']:.2f} s cancel keeping {100 * cancel['work_kept_fraction']:.0f}% | "
-            f"{co['speedup_vs_wait']:.1f}× vs wait |"]
+    return [
+        f"| batches | step time, 64 log-normal tasks, min_wait 90% | {co['step_time_mean_s']:.2f} s carry_over, "
+        f"{100 * co['work_kept_fraction']:.0f}% work kept | {wait['step_time_mean_s']:.2f} s wait; "
+        f"{cancel['step_time_mean_s']:.2f} s cancel keeping {100 * cancel['work_kept_fraction']:.0f}% | "
+        f"{co['speedup_vs_wait']:.1f}× vs wait |"
+    ]
 
 
 def dashboard_rows(d: dict[str, Any]) -> list[str]:
     f = d["figures"]["10000"]
-    return [f"| dashboard | Rollouts page with 10,000 rollouts: first paint / first rows | "
-            f"{f['fcp_ms_median']:.0f} / {f['first_rows_ms_median']:.0f} ms | – | target < 1 s |"]
+    return [
+        f"| dashboard | Rollouts page with 10,000 rollouts: first paint / first rows | "
+        f"{f['fcp_ms_median']:.0f} / {f['first_rows_ms_median']:.0f} ms | – | target < 1 s |"
+    ]
 
 
 def cluster_rows(d: dict[str, Any]) -> list[str]:
@@ -142,13 +187,15 @@ def cluster_rows(d: dict[str, Any]) -> list[str]:
         return f"{side[key]:,.{digits}f} [{low:,.{digits}f}–{high:,.{digits}f}]"
 
     rounds = f"{d.get('rounds', 1)} alternating rounds, {o.get('n_small', '?')} / {o.get('n_big', '?')} items a flow on both sides"
-    return [f"| cluster | Channel small items/s ({rounds}) | {cell(o, 'small_items_per_s')} | "
-            f"{cell(r, 'small_items_per_s')} (RLinf 0.3.0) | {q['small_items_vs_rlinf']:.0f}× |",
-            f"| cluster | Channel 1 MiB items, MB/s | {cell(o, 'big_mb_per_s')} | {cell(r, 'big_mb_per_s')} | "
-            f"{q['big_mb_vs_rlinf']:.1f}× |",
-            f"| cluster | group no-op call, ms | {cell(o, 'group_call_ms', 2)} | raw Ray "
-            f"{cell(o, 'raw_ray_call_ms', 2)}; RLinf {cell(r, 'group_call_ms', 2)} | "
-            f"{q['group_call_vs_raw_ray']:.2f}× raw |"]
+    return [
+        f"| cluster | Channel small items/s ({rounds}) | {cell(o, 'small_items_per_s')} | "
+        f"{cell(r, 'small_items_per_s')} (RLinf 0.3.0) | {q['small_items_vs_rlinf']:.0f}× |",
+        f"| cluster | Channel 1 MiB items, MB/s | {cell(o, 'big_mb_per_s')} | {cell(r, 'big_mb_per_s')} | "
+        f"{q['big_mb_vs_rlinf']:.1f}× |",
+        f"| cluster | group no-op call, ms | {cell(o, 'group_call_ms', 2)} | raw Ray "
+        f"{cell(o, 'raw_ray_call_ms', 2)}; RLinf {cell(r, 'group_call_ms', 2)} | "
+        f"{q['group_call_vs_raw_ray']:.2f}× raw |",
+    ]
 
 
 def run_rows(d: dict[str, Any]) -> list[str]:
@@ -158,35 +205,43 @@ def run_rows(d: dict[str, Any]) -> list[str]:
 
     def cell(f: dict[str, Any]) -> str:
         w, t = f["wall_s"], f["tokens_per_s"]
-        return (f"{w['median']:.1f} s [{w['min']:.1f}–{w['max']:.1f}], {t['median']:.1f} tokens/s "
-                f"[{t['min']:.1f}–{t['max']:.1f}]")
+        return (
+            f"{w['median']:.1f} s [{w['min']:.1f}–{w['max']:.1f}], {t['median']:.1f} tokens/s "
+            f"[{t['min']:.1f}–{t['max']:.1f}]"
+        )
 
     rows = []
     for name, f in sides.items():
         if name == base_name:
             continue
-        rows.append(f"| run | `rollfleet run --mode math`, {d['tasks']} tasks × {d['max_tokens']} tokens, whole "
-                    f"command, {d['rounds']} alternating rounds, median [range]: {name} | {cell(f)} | "
-                    f"{cell(naive)} ({base_name}) | {f['tokens_per_s_vs_naive']:.2f}× "
-                    f"tokens/s, {f['wall_vs_naive']:.2f}× wall |")
+        rows.append(
+            f"| run | `rollfleet run --mode math`, {d['tasks']} tasks × {d['max_tokens']} tokens, whole "
+            f"command, {d['rounds']} alternating rounds, median [range]: {name} | {cell(f)} | "
+            f"{cell(naive)} ({base_name}) | {f['tokens_per_s_vs_naive']:.2f}× "
+            f"tokens/s, {f['wall_vs_naive']:.2f}× wall |"
+        )
     return rows
 
 
 def weights_rows(d: dict[str, Any]) -> list[str]:
     sync, swaps = d["sync"], d["swaps"]
-    rows = [f"| weights | push of a SmolLM2-135M-shaped state dict ({sync['megabytes']:.0f} MB fp32) to a gateway "
-            f"in another process on this host (shared memory), median of 3 alternating rounds | {sync['push_mb_s']:,.0f} MB/s | {sync['memcpy_mb_s']:,.0f} MB/s (in-memory copy "
-            f"of the same tensors: the limit) | {sync['push_vs_memcpy']:.2f}× |",
-            f"| weights | generation stopped while the HF engine installs a pushed update (double buffer: a "
-            f"pointer swap; the KV recompute of running rows is in the swap delay below) | "
-            f"{sync['install_s']['median'] * 1000:.3f} ms | "
-            f"{sync['in_process']['in_place']['pause_s']['median'] * 1000:.0f} ms (in-place copy) | target ≤ 50 ms |"]
+    rows = [
+        f"| weights | push of a SmolLM2-135M-shaped state dict ({sync['megabytes']:.0f} MB fp32) to a gateway "
+        f"in another process on this host (shared memory), median of 3 alternating rounds | {sync['push_mb_s']:,.0f} MB/s | {sync['memcpy_mb_s']:,.0f} MB/s (in-memory copy "
+        f"of the same tensors: the limit) | {sync['push_vs_memcpy']:.2f}× |",
+        f"| weights | generation stopped while the HF engine installs a pushed update (double buffer: a "
+        f"pointer swap; the KV recompute of running rows is in the swap delay below) | "
+        f"{sync['install_s']['median'] * 1000:.3f} ms | "
+        f"{sync['in_process']['in_place']['pause_s']['median'] * 1000:.0f} ms (in-place copy) | target ≤ 50 ms |",
+    ]
     for mode in ("interruptible", "drain", "abort"):
         f = swaps[mode]
-        rows.append(f"| weights | tokens/s kept, {d['concurrent']} generations of {d['max_tokens']} tokens, a swap every "
-                    f"{d['swap_every_s']:.0f} s (HF, CPU): {mode} | {f['tokens_per_s']['median']:.1f} (swap delay "
-                    f"{f['swap_delay_s']:.2f} s, {f['wasted_tokens']:.0f} tokens thrown away) | "
-                    f"{swaps['none']['tokens_per_s']['median']:.1f} (no swaps) | {f['kept_vs_no_swaps']:.2f}× |")
+        rows.append(
+            f"| weights | tokens/s kept, {d['concurrent']} generations of {d['max_tokens']} tokens, a swap every "
+            f"{d['swap_every_s']:.0f} s (HF, CPU): {mode} | {f['tokens_per_s']['median']:.1f} (swap delay "
+            f"{f['swap_delay_s']:.2f} s, {f['wasted_tokens']:.0f} tokens thrown away) | "
+            f"{swaps['none']['tokens_per_s']['median']:.1f} (no swaps) | {f['kept_vs_no_swaps']:.2f}× |"
+        )
     return rows
 
 
@@ -194,22 +249,29 @@ def llamacpp_weights_rows(d: dict[str, Any]) -> list[str]:
     rows = []
     for kind in ("f16", "q8_0"):
         loaded = d[kind]["loaded"]
-        rows.append(f"| weights | llama.cpp: longest stop between tokens while a {kind} update of SmolLM2-135M is "
-                    f"exported and swapped in under 4 streaming clients (interruptible) | "
-                    f"{loaded['longest_gap_during_update_s']:.2f} s | {loaded['longest_gap_before_s']:.2f} s "
-                    f"(longest gap before) | target ≤ 1 s |")
+        rows.append(
+            f"| weights | llama.cpp: longest stop between tokens while a {kind} update of SmolLM2-135M is "
+            f"exported and swapped in under 4 streaming clients (interruptible) | "
+            f"{loaded['longest_gap_during_update_s']:.2f} s | {loaded['longest_gap_before_s']:.2f} s "
+            f"(longest gap before) | target ≤ 1 s |"
+        )
     return rows
 
 
 def llama_server_rows(d: dict[str, Any]) -> list[str]:
     m = d["models"]["q8_0"]
     e, s = m["engine"]["tokens_per_s"], m["llama_server"]["tokens_per_s"]
-    rows = [f"| engines | llama.cpp engine vs llama-server (`-np 8`, same Q8_0 file, 2 threads) tokens/s at {c}, "
-            f"median of 3 alternating rounds | {e[c]['median']:.1f} | {s[c]['median']:.1f} | "
-            f"{e[c]['median'] / s[c]['median']:.2f}× |" for c in ("1", "4", "8")]
-    rows.append(f"| engines | tokens/s at 8 vs at 1 (goal 2.5×; plain llama.cpp decode of 8 sequences here: "
-                f"{m['bare_decode']['ratio_8_vs_1']:.2f}×, the machine's limit) | {m['engine']['ratio_8_vs_1']:.2f}× | "
-                f"{m['llama_server']['ratio_8_vs_1']:.2f}× (llama-server) | – |")
+    rows = [
+        f"| engines | llama.cpp engine vs llama-server (`-np 8`, same Q8_0 file, 2 threads) tokens/s at {c}, "
+        f"median of 3 alternating rounds | {e[c]['median']:.1f} | {s[c]['median']:.1f} | "
+        f"{e[c]['median'] / s[c]['median']:.2f}× |"
+        for c in ("1", "4", "8")
+    ]
+    rows.append(
+        f"| engines | tokens/s at 8 vs at 1 (goal 2.5×; plain llama.cpp decode of 8 sequences here: "
+        f"{m['bare_decode']['ratio_8_vs_1']:.2f}×, the machine's limit) | {m['engine']['ratio_8_vs_1']:.2f}× | "
+        f"{m['llama_server']['ratio_8_vs_1']:.2f}× (llama-server) | – |"
+    )
     return rows
 
 
@@ -217,46 +279,59 @@ def train_step_rows(d: dict[str, Any]) -> list[str]:
     sides, st = d["sides"], d["settings"]
     full = sides["full"]["step_s"]["median"]
     rows = []
-    for name, label in (("lora_qv", "LoRA r=16 on q and v"), ("lora_all", "LoRA r=16 on every linear layer")):
+    for name, label in (
+        ("lora_qv", "LoRA r=16 on q and v"),
+        ("lora_all", "LoRA r=16 on every linear layer"),
+    ):
         f = sides[name]["step_s"]
-        rows.append(f"| train | one GRPO step, {st['rows']} x {st['prompt_tokens'] + st['action_tokens']} tokens, "
-                    f"SmolLM2-135M on 2 cores: {label} | {f['median']:.2f} s ({f['min']:.2f}-{f['max']:.2f}) | "
-                    f"{full:.2f} s (full fine-tuning) | {full / f['median']:.2f}× faster |")
+        rows.append(
+            f"| train | one GRPO step, {st['rows']} x {st['prompt_tokens'] + st['action_tokens']} tokens, "
+            f"SmolLM2-135M on 2 cores: {label} | {f['median']:.2f} s ({f['min']:.2f}-{f['max']:.2f}) | "
+            f"{full:.2f} s (full fine-tuning) | {full / f['median']:.2f}× faster |"
+        )
     return rows
 
 
 def weights_delta_rows(d: dict[str, Any]) -> list[str]:
     lora, full = d["cases"]["lora_style"], d["cases"]["full"]
     b, http, file = lora["bytes"], lora["push_s"]["http"], lora["push_s"]["file"]
-    return [f"| weights | delta push after one AdamW step of SmolLM2-135M (fp32), q_proj and v_proj trainable "
-            f"(LoRA-style): bytes sent ({lora['tensors']['delta']} of {lora['tensors']['full']} tensors changed) | "
-            f"{b['delta'] / 1e6:,.0f} MB | {b['full'] / 1e6:,.0f} MB (full push) | {b['delta'] / b['full']:.2f}× |",
-            f"| weights | the same, push to a gateway in this process over HTTP / same host (file), median of "
-            f"{d['rounds']} alternating rounds | {http['delta']['median']:.2f} s / {file['delta']['median']:.2f} s | "
-            f"{http['full']['median']:.2f} s / {file['full']['median']:.2f} s (full push) | "
-            f"{http['delta_vs_full']:.1f}× / {file['delta_vs_full']:.1f}× faster |",
-            f"| weights | delta push after one AdamW step, full fine-tuning: every tensor changed "
-            f"({full['elements_changed']:,} of {full['elements']:,} weights) | {full['bytes']['delta'] / 1e6:,.0f} MB | "
-            f"{full['bytes']['full'] / 1e6:,.0f} MB "
-            f"(full push) | {full['bytes']['delta'] / full['bytes']['full']:.2f}× (no saving) |"]
+    return [
+        f"| weights | delta push after one AdamW step of SmolLM2-135M (fp32), q_proj and v_proj trainable "
+        f"(LoRA-style): bytes sent ({lora['tensors']['delta']} of {lora['tensors']['full']} tensors changed) | "
+        f"{b['delta'] / 1e6:,.0f} MB | {b['full'] / 1e6:,.0f} MB (full push) | {b['delta'] / b['full']:.2f}× |",
+        f"| weights | the same, push to a gateway in this process over HTTP / same host (file), median of "
+        f"{d['rounds']} alternating rounds | {http['delta']['median']:.2f} s / {file['delta']['median']:.2f} s | "
+        f"{http['full']['median']:.2f} s / {file['full']['median']:.2f} s (full push) | "
+        f"{http['delta_vs_full']:.1f}× / {file['delta_vs_full']:.1f}× faster |",
+        f"| weights | delta push after one AdamW step, full fine-tuning: every tensor changed "
+        f"({full['elements_changed']:,} of {full['elements']:,} weights) | {full['bytes']['delta'] / 1e6:,.0f} MB | "
+        f"{full['bytes']['full'] / 1e6:,.0f} MB "
+        f"(full push) | {full['bytes']['delta'] / full['bytes']['full']:.2f}× (no saving) |",
+    ]
 
 
 def wire_rows(d: dict[str, Any]) -> list[str]:
     cl, ch = d["content-length"]["median"], d["chunked"]["median"]
-    return [f"| client | µs to handle a 16-rollout claim answer (Content-Length / chunked), lean client "
-            f"with its bounds and checks | {cl['ours']:.2f} / {ch['ours']:.2f} | {cl['httptools']:.2f} / "
-            f"{ch['httptools']:.2f} (bare httptools, no bounds) | {cl['httptools'] / cl['ours']:.2f}× |"]
+    return [
+        f"| client | µs to handle a 16-rollout claim answer (Content-Length / chunked), lean client "
+        f"with its bounds and checks | {cl['ours']:.2f} / {ch['ours']:.2f} | {cl['httptools']:.2f} / "
+        f"{ch['httptools']:.2f} (bare httptools, no bounds) | {cl['httptools'] / cl['ours']:.2f}× |"
+    ]
 
 
 def ab_rows(d: dict[str, Any]) -> list[str]:
     rows = []
-    for key, label in (("store", "claim+complete/s over HTTP, 4 workers, batched"),
-                       ("e2e", "rollouts/s, 4 local runners × 64, 50 ms sleep agent")):
+    for key, label in (
+        ("store", "claim+complete/s over HTTP, 4 workers, batched"),
+        ("e2e", "rollouts/s, 4 local runners × 64, 50 ms sleep agent"),
+    ):
         b, h = d[key]["base"], d[key]["head"]
-        rows.append(f"| before/after | {label}: this code against commit {d['base'][:7]}, "
-                    f"{len(d['rounds'][key]['head'])} alternating rounds, median [range] | "
-                    f"{n(h['median'])} [{n(h['min'])}–{n(h['max'])}] | {n(b['median'])} "
-                    f"[{n(b['min'])}–{n(b['max'])}] (before) | {d[key]['ratio']:.2f}× |")
+        rows.append(
+            f"| before/after | {label}: this code against commit {d['base'][:7]}, "
+            f"{len(d['rounds'][key]['head'])} alternating rounds, median [range] | "
+            f"{n(h['median'])} [{n(h['min'])}–{n(h['max'])}] | {n(b['median'])} "
+            f"[{n(b['min'])}–{n(b['max'])}] (before) | {d[key]['ratio']:.2f}× |"
+        )
     return rows
 
 
@@ -266,13 +341,15 @@ def sandbox_rows(d: dict[str, Any]) -> list[str]:
     def cell(name: str) -> str:
         return f"{c[name]['p50']:.1f} [{c[name]['min']:.1f}–{c[name]['max']:.1f}]"
 
-    return [f"| sandbox | ms to run `print('ok')` in the py sandbox, p50 [range of {d['rounds']} alternating rounds]: "
-            f"bubblewrap (isolated) vs rlimits only (`--unsafe-sandbox`) | {cell('trivial/bwrap')} | "
-            f"{cell('trivial/none')} (rlimits only) | +{d['overhead_ms']:.1f} ms |",
-            f"| sandbox | ms to score a solution against 3 tests: the judge under bubblewrap vs one plain unittest "
-            f"run whose summary the solution could forge (before) | {cell('score/judge+bwrap')} | "
-            f"{cell('score/unittest+none')} (forgeable) | "
-            f"{c['score/unittest+none']['p50'] / c['score/judge+bwrap']['p50']:.2f}× |"]
+    return [
+        f"| sandbox | ms to run `print('ok')` in the py sandbox, p50 [range of {d['rounds']} alternating rounds]: "
+        f"bubblewrap (isolated) vs rlimits only (`--unsafe-sandbox`) | {cell('trivial/bwrap')} | "
+        f"{cell('trivial/none')} (rlimits only) | +{d['overhead_ms']:.1f} ms |",
+        f"| sandbox | ms to score a solution against 3 tests: the judge under bubblewrap vs one plain unittest "
+        f"run whose summary the solution could forge (before) | {cell('score/judge+bwrap')} | "
+        f"{cell('score/unittest+none')} (forgeable) | "
+        f"{c['score/unittest+none']['p50'] / c['score/judge+bwrap']['p50']:.2f}× |",
+    ]
 
 
 def train_sched_rows(d: dict[str, Any]) -> list[str]:
@@ -285,16 +362,20 @@ def train_sched_rows(d: dict[str, Any]) -> list[str]:
     rows = []
     for k in (str(k) for k in c["ks"] if k):
         f = s[k]
-        rows.append(f"| scheduler | samples consumed/s, simulated RL loop through the coordinator ({c['tasks']} "
-                    f"log-normal tasks a batch, train {c['train_s']} s + push {c['push_s']} s), max_staleness "
-                    f"K={k} vs synchronous, median [range] of {rounds} alternating rounds | {cell(f['samples_per_s'])}"
-                    f", staleness max {f['staleness_measured_max']} | {cell(sync['samples_per_s'])} (K=0) | "
-                    f"{f['speedup_vs_sync']['median']:.2f}× (ceiling {ceiling:.2f}×; AReaL reports up to "
-                    f"{d['areal']['speedup']}× on GPUs) |")
+        rows.append(
+            f"| scheduler | samples consumed/s, simulated RL loop through the coordinator ({c['tasks']} "
+            f"log-normal tasks a batch, train {c['train_s']} s + push {c['push_s']} s), max_staleness "
+            f"K={k} vs synchronous, median [range] of {rounds} alternating rounds | {cell(f['samples_per_s'])}"
+            f", staleness max {f['staleness_measured_max']} | {cell(sync['samples_per_s'])} (K=0) | "
+            f"{f['speedup_vs_sync']['median']:.2f}× (ceiling {ceiling:.2f}×; AReaL reports up to "
+            f"{d['areal']['speedup']}× on GPUs) |"
+        )
     checks = d["checks"]
-    rows.append(f"| scheduler | consumed samples staler than K / finished samples never consumed / consumed "
-                f"twice, all runs | {checks['over_k']} / {checks['never_consumed']} / {checks['consumed_twice']} "
-                f"| – | goal 0 |")
+    rows.append(
+        f"| scheduler | consumed samples staler than K / finished samples never consumed / consumed "
+        f"twice, all runs | {checks['over_k']} / {checks['never_consumed']} / {checks['consumed_twice']} "
+        f"| – | goal 0 |"
+    )
     return rows
 
 
@@ -308,12 +389,16 @@ def train_rows(d: dict[str, Any]) -> list[str]:
     rows = []
     for k in (k for k in sides if k != "0"):
         f = sides[k]
-        split = " / ".join(f"{f['split_s'][key]:.1f}" for key in ("seconds/wait", "seconds/train", "seconds/sync"))
-        rows.append(f"| train | samples trained/s, `rollfleet train` on the real SmolLM2 (LoRA, {st['tasks']} x "
-                    f"{st['group']} samples a step, {st['max_tokens']} tokens, {st['steps']} steps, 2 cores shared by "
-                    f"engine and trainer), max_staleness K={k} vs synchronous, median [range] of {st['rounds']} "
-                    f"alternating rounds; step s wait / train / sync {split} | {cell(f['samples_per_s'])} | "
-                    f"{cell(sync['samples_per_s'])} (K=0) | {f['vs_sync']:.2f}× |")
+        split = " / ".join(
+            f"{f['split_s'][key]:.1f}" for key in ("seconds/wait", "seconds/train", "seconds/sync")
+        )
+        rows.append(
+            f"| train | samples trained/s, `rollfleet train` on the real SmolLM2 (LoRA, {st['tasks']} x "
+            f"{st['group']} samples a step, {st['max_tokens']} tokens, {st['steps']} steps, 2 cores shared by "
+            f"engine and trainer), max_staleness K={k} vs synchronous, median [range] of {st['rounds']} "
+            f"alternating rounds; step s wait / train / sync {split} | {cell(f['samples_per_s'])} | "
+            f"{cell(sync['samples_per_s'])} (K=0) | {f['vs_sync']:.2f}× |"
+        )
     return rows
 
 
@@ -324,11 +409,13 @@ def chaos_rows(d: dict[str, Any]) -> list[str]:
         t = s["throughput_per_s"]
         return f"{t['median']:.1f} [{t['min']:.1f}–{t['max']:.1f}]/s"
 
-    return [f"| chaos | rollouts/s, 1,000 sleep rollouts (0.2–1.5 s) on 4 runners x 4, a runner SIGKILLed every "
-            f"~2 s (random) and the server restarted once, vs the same run without kills, median [range] of "
-            f"{d['settings']['rounds']} alternating rounds; failed / succeeded twice: "
-            f"{sum(chaos['failed'])} / {sum(chaos['succeeded_twice'])} | {cell(chaos)} | {cell(calm)} (no kills) | "
-            f"{d['chaos_vs_calm']:.2f}× (goal ≥ 0.5) |"]
+    return [
+        f"| chaos | rollouts/s, 1,000 sleep rollouts (0.2–1.5 s) on 4 runners x 4, a runner SIGKILLed every "
+        f"~2 s (random) and the server restarted once, vs the same run without kills, median [range] of "
+        f"{d['settings']['rounds']} alternating rounds; failed / succeeded twice: "
+        f"{sum(chaos['failed'])} / {sum(chaos['succeeded_twice'])} | {cell(chaos)} | {cell(calm)} (no kills) | "
+        f"{d['chaos_vs_calm']:.2f}× (goal ≥ 0.5) |"
+    ]
 
 
 def fleet_rows(d: dict[str, Any]) -> list[str]:
@@ -336,10 +423,14 @@ def fleet_rows(d: dict[str, Any]) -> list[str]:
     by = {(p["runners"], p["replicas"]): p for p in d["points"]}
 
     def cell(p: dict[str, Any]) -> str:
-        med = {k: p[k]["median"] for k in ("claim_p50_ms", "claim_p99_ms", "server_cpu", "error_count")}
+        med = {
+            k: p[k]["median"] for k in ("claim_p50_ms", "claim_p99_ms", "server_cpu", "error_count")
+        }
         c = p["completions_per_s"]
-        return (f"{c['median']:,.0f} [{c['min']:,.0f}–{c['max']:,.0f}]/s, claim p50 / p99 {med['claim_p50_ms']:,.1f} "
-                f"/ {med['claim_p99_ms']:,.0f} ms, server {med['server_cpu']:.2f} cores, {med['error_count']:,.0f} errors")
+        return (
+            f"{c['median']:,.0f} [{c['min']:,.0f}–{c['max']:,.0f}]/s, claim p50 / p99 {med['claim_p50_ms']:,.1f} "
+            f"/ {med['claim_p99_ms']:,.0f} ms, server {med['server_cpu']:.2f} cores, {med['error_count']:,.0f} errors"
+        )
 
     rows = []
     for runners in sorted({r for r, _ in by}):
@@ -347,14 +438,18 @@ def fleet_rows(d: dict[str, Any]) -> list[str]:
         if not one or not two:
             continue
         ratio = two["completions_per_s"]["median"] / max(one["completions_per_s"]["median"], 1e-9)
-        limit = one.get("max_connections") or 2048  # points measured before --max-connections had 2,048
+        limit = (
+            one.get("max_connections") or 2048
+        )  # points measured before --max-connections had 2,048
         retry = "backing off after" if one.get("max_connections") else "retrying 0.5 s after"
-        rows.append(f"| fleet | completions/s of {runners:,} simulated runners (agent 0.5–2 s, one long-poll "
-                    f"connection each, {retry} a failed claim) on PostgreSQL, servers' connection "
-                    f"limit {limit:,}, median [range] of {one['rounds']} alternating rounds of "
-                    f"{d['seconds_per_point']:.0f} s, 2 cores shared by servers, PostgreSQL and clients "
-                    f"([docs/scale.md](docs/scale.md)) | 2 replicas: {cell(two)} | 1 replica: {cell(one)} | "
-                    f"{ratio:.2f}× |")
+        rows.append(
+            f"| fleet | completions/s of {runners:,} simulated runners (agent 0.5–2 s, one long-poll "
+            f"connection each, {retry} a failed claim) on PostgreSQL, servers' connection "
+            f"limit {limit:,}, median [range] of {one['rounds']} alternating rounds of "
+            f"{d['seconds_per_point']:.0f} s, 2 cores shared by servers, PostgreSQL and clients "
+            f"([docs/scale.md](docs/scale.md)) | 2 replicas: {cell(two)} | 1 replica: {cell(one)} | "
+            f"{ratio:.2f}× |"
+        )
     return rows
 
 
@@ -369,34 +464,50 @@ def multimodal_rows(d: dict[str, Any]) -> list[str]:
         return f"{s['median'] * 1000:,.0f} [{s['min'] * 1000:,.0f}–{s['max'] * 1000:,.0f}] ms"
 
     calls = lat["encoder_calls"]
-    return [f"| multimodal | turn {last['turn']} latency of a {lat['turns']}-turn screenshot conversation resent "
-            f"whole each turn (tiny random VLM, HF, CPU), image delta vs no cache, median [range] of "
-            f"{lat['rounds']} alternating rounds; encoder calls {calls['cached']} vs {calls['uncached']}, same "
-            f"tokens: {lat['same_tokens']} | {cell(last['cached'])} | {cell(last['uncached'])} (no cache) | "
-            f"{lat['last_turn_speedup']:.2f}× |",
-            f"| multimodal | the whole {lat['turns']}-turn conversation, image delta vs no cache | "
-            f"{cell(total['cached'])} | {cell(total['uncached'])} (no cache) | {lat['conversation_speedup']:.2f}× |",
-            *storage_rows(d.get("storage"))]
+    return [
+        f"| multimodal | turn {last['turn']} latency of a {lat['turns']}-turn screenshot conversation resent "
+        f"whole each turn (tiny random VLM, HF, CPU), image delta vs no cache, median [range] of "
+        f"{lat['rounds']} alternating rounds; encoder calls {calls['cached']} vs {calls['uncached']}, same "
+        f"tokens: {lat['same_tokens']} | {cell(last['cached'])} | {cell(last['uncached'])} (no cache) | "
+        f"{lat['last_turn_speedup']:.2f}× |",
+        f"| multimodal | the whole {lat['turns']}-turn conversation, image delta vs no cache | "
+        f"{cell(total['cached'])} | {cell(total['uncached'])} (no cache) | {lat['conversation_speedup']:.2f}× |",
+        *storage_rows(d.get("storage")),
+    ]
 
 
 def storage_rows(st: dict[str, Any] | None) -> list[str]:
     """Bytes stored per screenshot trajectory: images by content vs inline base64."""
     if not st:
         return []
-    return [f"| multimodal | bytes stored per trajectory, {st['turns']}-turn conversation with one new 1280x720 PNG "
-            f"screenshot a turn, each step carrying the whole conversation (real SQLite store) | "
-            f"{st['content_addressed_bytes_per_trajectory'] / 1e3:,.0f} kB (images once, by content) | "
-            f"{st['inline_base64_bytes_per_trajectory'] / 1e3:,.0f} kB (inline base64, as before) | "
-            f"{st['ratio']:.1f}× less |"]
+    return [
+        f"| multimodal | bytes stored per trajectory, {st['turns']}-turn conversation with one new 1280x720 PNG "
+        f"screenshot a turn, each step carrying the whole conversation (real SQLite store) | "
+        f"{st['content_addressed_bytes_per_trajectory'] / 1e3:,.0f} kB (images once, by content) | "
+        f"{st['inline_base64_bytes_per_trajectory'] / 1e3:,.0f} kB (inline base64, as before) | "
+        f"{st['ratio']:.1f}× less |"
+    ]
 
 
 SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
-    ("store_throughput", store_rows), ("end_to_end", e2e_rows), ("pool", pool_rows), ("engines", engine_rows),
-    ("stragglers", straggler_rows), ("dashboard", dashboard_rows), ("cluster", cluster_rows), ("run", run_rows), ("weights", weights_rows),
-    ("llamacpp_weights", llamacpp_weights_rows), ("llama_server", llama_server_rows),
+    ("store_throughput", store_rows),
+    ("end_to_end", e2e_rows),
+    ("pool", pool_rows),
+    ("engines", engine_rows),
+    ("stragglers", straggler_rows),
+    ("dashboard", dashboard_rows),
+    ("cluster", cluster_rows),
+    ("run", run_rows),
+    ("weights", weights_rows),
+    ("llamacpp_weights", llamacpp_weights_rows),
+    ("llama_server", llama_server_rows),
     ("weights_delta", weights_delta_rows),
-    ("wire_parse", wire_rows), ("refactor_ab", ab_rows), ("sandbox", sandbox_rows),
-    ("train_sched", train_sched_rows), ("train_step", train_step_rows), ("train", train_rows),
+    ("wire_parse", wire_rows),
+    ("refactor_ab", ab_rows),
+    ("sandbox", sandbox_rows),
+    ("train_sched", train_sched_rows),
+    ("train_step", train_step_rows),
+    ("train", train_rows),
     ("chaos", chaos_rows),
     ("fleet", fleet_rows),
     ("multimodal", multimodal_rows),

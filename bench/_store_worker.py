@@ -25,7 +25,9 @@ class Ours:
         from rollfleet.model import RolloutSpec
 
         for i in range(0, n, 5000):
-            await self.store.enqueue_many([RolloutSpec(input={"i": j}) for j in range(i, min(n, i + 5000))])
+            await self.store.enqueue_many(
+                [RolloutSpec(input={"i": j}) for j in range(i, min(n, i + 5000))]
+            )
 
     async def enqueue(self, i: int) -> None:
         await self.store.enqueue_rollout({"i": i})
@@ -36,7 +38,9 @@ class Ours:
         got = await self.store.claim(worker, max_n=1)
         if not got:
             return False
-        await self.store.complete(got[0].attempt.attempt_id, AttemptStatus.SUCCEEDED, RolloutResult(reward=1.0))
+        await self.store.complete(
+            got[0].attempt.attempt_id, AttemptStatus.SUCCEEDED, RolloutResult(reward=1.0)
+        )
         return True
 
     async def claim_complete_batch(self, worker: str) -> int:
@@ -44,8 +48,16 @@ class Ours:
 
         got = await self.store.claim(worker, max_n=BATCH)
         if got:
-            await self.store.complete_many([Completion(attempt_id=r.attempt.attempt_id, status=AttemptStatus.SUCCEEDED,
-                                                       result=RolloutResult(reward=1.0)) for r in got])
+            await self.store.complete_many(
+                [
+                    Completion(
+                        attempt_id=r.attempt.attempt_id,
+                        status=AttemptStatus.SUCCEEDED,
+                        result=RolloutResult(reward=1.0),
+                    )
+                    for r in got
+                ]
+            )
         return len(got)
 
     async def wait_claim(self, worker: str, idle: asyncio.Event) -> Any:
@@ -76,8 +88,9 @@ class Agl:
         from agentlightning.types import EnqueueRolloutRequest
 
         for i in range(0, n, 1000):
-            await self.store.enqueue_many_rollouts([EnqueueRolloutRequest(input={"i": j})
-                                                    for j in range(i, min(n, i + 1000))])
+            await self.store.enqueue_many_rollouts(
+                [EnqueueRolloutRequest(input={"i": j}) for j in range(i, min(n, i + 1000))]
+            )
 
     async def enqueue(self, i: int) -> None:
         await self.store.enqueue_rollout({"i": i})
@@ -91,8 +104,12 @@ class Agl:
 
     async def claim_complete_batch(self, worker: str) -> int:
         got = await self.store.dequeue_many_rollouts(limit=BATCH, worker_id=worker)
-        await asyncio.gather(*(self.store.update_attempt(r.rollout_id, r.attempt.attempt_id, status="succeeded")
-                               for r in got))
+        await asyncio.gather(
+            *(
+                self.store.update_attempt(r.rollout_id, r.attempt.attempt_id, status="succeeded")
+                for r in got
+            )
+        )
         return len(got)
 
     async def wait_claim(self, worker: str, idle: asyncio.Event) -> Any:
@@ -136,7 +153,11 @@ async def latency(client: Any, make: Any, samples: int) -> dict[str, float]:
         waits.append((time.perf_counter() - t0) * 1000)
     await claimer.close()
     waits.sort()
-    return {"p50_ms": statistics.median(waits), "p95_ms": waits[int(0.95 * (len(waits) - 1))], "samples": samples}
+    return {
+        "p50_ms": statistics.median(waits),
+        "p95_ms": waits[int(0.95 * (len(waits) - 1))],
+        "samples": samples,
+    }
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -153,18 +174,28 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             stores = [store] * args.inproc
         else:
             stores = [store]
-        if args.barrier:  # every client starts its timed loop at once, after all of them have set up
+        if (
+            args.barrier
+        ):  # every client starts its timed loop at once, after all of them have set up
             print("ready", flush=True)
             await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         t0 = time.perf_counter()
         if args.op == "enqueue":
             counts = await asyncio.gather(*[timed_loop(s.enqueue, args.seconds) for s in stores])
         elif args.op == "claim_batch":
-            counts = await asyncio.gather(*[timed_loop(lambda _n, s=s, w=f"w{k}": s.claim_complete_batch(w),
-                                                       args.seconds) for k, s in enumerate(stores)])
+            counts = await asyncio.gather(
+                *[
+                    timed_loop(lambda _n, s=s, w=f"w{k}": s.claim_complete_batch(w), args.seconds)
+                    for k, s in enumerate(stores)
+                ]
+            )
         else:
-            counts = await asyncio.gather(*[timed_loop(lambda _n, s=s, w=f"w{k}": s.claim_complete(w), args.seconds)
-                                            for k, s in enumerate(stores)])
+            counts = await asyncio.gather(
+                *[
+                    timed_loop(lambda _n, s=s, w=f"w{k}": s.claim_complete(w), args.seconds)
+                    for k, s in enumerate(stores)
+                ]
+            )
         return {"ops": sum(counts), "seconds": time.perf_counter() - t0}
     finally:
         await store.close()
@@ -174,9 +205,13 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--impl", choices=["ours", "agl"], required=True)
     p.add_argument("--url", required=True)
-    p.add_argument("--op", choices=["seed", "enqueue", "claim", "claim_batch", "latency"], required=True)
+    p.add_argument(
+        "--op", choices=["seed", "enqueue", "claim", "claim_batch", "latency"], required=True
+    )
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--n", type=int, default=0)
     p.add_argument("--inproc", type=int, default=0)
-    p.add_argument("--barrier", action="store_true", help="print 'ready', wait for a line on stdin, then start")
+    p.add_argument(
+        "--barrier", action="store_true", help="print 'ready', wait for a line on stdin, then start"
+    )
     print(json.dumps(asyncio.run(main(p.parse_args()))))

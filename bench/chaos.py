@@ -64,9 +64,14 @@ async def measure(rounds: int) -> dict[str, Any]:
                 flush=True,
             )
     sides = {name: summary(r) for name, r in runs.items()}
-    ratio = sides["chaos"]["throughput_per_s"]["median"] / sides["calm"]["throughput_per_s"]["median"]
-    return {"settings": {**asdict(SIDES["chaos"]), "rounds": rounds}, "sides": sides,
-            "chaos_vs_calm": ratio}
+    ratio = (
+        sides["chaos"]["throughput_per_s"]["median"] / sides["calm"]["throughput_per_s"]["median"]
+    )
+    return {
+        "settings": {**asdict(SIDES["chaos"]), "rounds": rounds},
+        "sides": sides,
+        "chaos_vs_calm": ratio,
+    }
 
 
 def main() -> None:
@@ -74,12 +79,24 @@ def main() -> None:
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else ROUNDS
     figures = asyncio.run(measure(rounds))
     doc = write_results("chaos", figures, f"python -m bench chaos {rounds}")
-    rows = [[name, f"{s['throughput_per_s']['median']:.1f} [{s['throughput_per_s']['min']:.1f}–"
-             f"{s['throughput_per_s']['max']:.1f}]", f"{s['seconds']['median']:.0f}",
-             sum(s["failed"]), sum(s["succeeded_twice"]), sum(s["kills"]), sum(s["lost_attempts"])]
-            for name, s in doc["sides"].items()]
-    table("chaos: 1,000 rollouts, 4 runners x 4",
-          ["side", "rollouts/s median [range]", "s", "failed", "twice", "kills", "lost"], rows)
+    rows = [
+        [
+            name,
+            f"{s['throughput_per_s']['median']:.1f} [{s['throughput_per_s']['min']:.1f}–"
+            f"{s['throughput_per_s']['max']:.1f}]",
+            f"{s['seconds']['median']:.0f}",
+            sum(s["failed"]),
+            sum(s["succeeded_twice"]),
+            sum(s["kills"]),
+            sum(s["lost_attempts"]),
+        ]
+        for name, s in doc["sides"].items()
+    ]
+    table(
+        "chaos: 1,000 rollouts, 4 runners x 4",
+        ["side", "rollouts/s median [range]", "s", "failed", "twice", "kills", "lost"],
+        rows,
+    )
     print(f"chaos / calm throughput: {doc['chaos_vs_calm']:.2f}")
 
 

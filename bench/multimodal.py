@@ -129,9 +129,15 @@ def _screenshot(turn: int) -> bytes:
 
     img = Image.new("RGB", (1280, 720), (235, 238, 242))
     draw = ImageDraw.Draw(img)
-    draw.rectangle((80 + 20 * turn, 60, 900 + 20 * turn, 600), fill=(255, 255, 255), outline=(120, 120, 120))
+    draw.rectangle(
+        (80 + 20 * turn, 60, 900 + 20 * turn, 600), fill=(255, 255, 255), outline=(120, 120, 120)
+    )
     for line in range(12):
-        draw.text((100 + 20 * turn, 80 + 40 * line), f"turn {turn} line {line}: the quick brown fox", fill=(20, 20, 20))
+        draw.text(
+            (100 + 20 * turn, 80 + 40 * line),
+            f"turn {turn} line {line}: the quick brown fox",
+            fill=(20, 20, 20),
+        )
     draw.ellipse((600 + 30 * turn, 400, 612 + 30 * turn, 412), fill=(200, 30, 30))
     buf = io.BytesIO()
     img.save(buf, format="PNG")
@@ -157,9 +163,19 @@ async def _stored_bytes(turns: int, trajectories: int) -> dict[str, Any]:
             attempt = (await store.claim("w"))[0].attempt.attempt_id
             messages: list[dict[str, Any]] = []
             for turn in range(turns):
-                url = "data:image/png;base64," + base64.b64encode(_screenshot(turns * t + turn)).decode()
-                messages.append({"role": "user", "content": [{"type": "text", "text": f"turn {turn}"},
-                                                             {"type": "image_url", "image_url": {"url": url}}]})
+                url = (
+                    "data:image/png;base64,"
+                    + base64.b64encode(_screenshot(turns * t + turn)).decode()
+                )
+                messages.append(
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": f"turn {turn}"},
+                            {"type": "image_url", "image_url": {"url": url}},
+                        ],
+                    }
+                )
                 payload = {"messages": list(messages), "text": "CLICK 100 200"}
                 inline += len(orjson.dumps(payload))  # what the steps table held before
                 await store.add_steps(attempt, [StepIn(kind="llm", payload=payload)])
@@ -167,11 +183,15 @@ async def _stored_bytes(turns: int, trajectories: int) -> dict[str, Any]:
         with sqlite3.connect(f"{tmp}/mm.db") as conn:
             steps = conn.execute("SELECT SUM(LENGTH(payload)) FROM steps").fetchone()[0]
             blobs, count = conn.execute("SELECT SUM(size), COUNT(*) FROM blobs").fetchone()
-    return {"turns": turns, "trajectories": trajectories, "images": count,
-            "inline_base64_bytes_per_trajectory": inline / trajectories,
-            "content_addressed_bytes_per_trajectory": (steps + blobs) / trajectories,
-            "step_rows_bytes_per_trajectory": steps / trajectories,
-            "ratio": inline / (steps + blobs)}
+    return {
+        "turns": turns,
+        "trajectories": trajectories,
+        "images": count,
+        "inline_base64_bytes_per_trajectory": inline / trajectories,
+        "content_addressed_bytes_per_trajectory": (steps + blobs) / trajectories,
+        "step_rows_bytes_per_trajectory": steps / trajectories,
+        "ratio": inline / (steps + blobs),
+    }
 
 
 def storage() -> dict[str, Any]:
@@ -187,15 +207,30 @@ def main() -> dict[str, Any]:
     """Measure; print a table and write bench/results/multimodal.json."""
     figures = {"latency": latency(), "storage": storage()}
     lat, st = figures["latency"], figures["storage"]
-    rows = [[str(t["turn"]), _ms(t["cached"]), _ms(t["uncached"]),
-             f"{t['uncached']['median'] / t['cached']['median']:.2f}×"] for t in lat["per_turn_s"]]
-    rows.append(["all 5", _ms(lat["conversation_s"]["cached"]),
-                 _ms(lat["conversation_s"]["uncached"]), f"{lat['conversation_speedup']:.2f}×"])
+    rows = [
+        [
+            str(t["turn"]),
+            _ms(t["cached"]),
+            _ms(t["uncached"]),
+            f"{t['uncached']['median'] / t['cached']['median']:.2f}×",
+        ]
+        for t in lat["per_turn_s"]
+    ]
+    rows.append(
+        [
+            "all 5",
+            _ms(lat["conversation_s"]["cached"]),
+            _ms(lat["conversation_s"]["uncached"]),
+            f"{lat['conversation_speedup']:.2f}×",
+        ]
+    )
     table(f"per-turn latency, ms, median \\[range] of {ROUNDS} alternating rounds; encoder calls "
           f"{lat['encoder_calls']['cached']} vs {lat['encoder_calls']['uncached']}, same tokens: "
           f"{lat['same_tokens']}", ["turn", "image delta", "no cache", "ratio"], rows)  # fmt: skip
-    print(f"stored per trajectory: {st['content_addressed_bytes_per_trajectory'] / 1e3:,.0f} kB by content "
-          f"vs {st['inline_base64_bytes_per_trajectory'] / 1e3:,.0f} kB inline base64 ({st['ratio']:.1f}x less)")
+    print(
+        f"stored per trajectory: {st['content_addressed_bytes_per_trajectory'] / 1e3:,.0f} kB by content "
+        f"vs {st['inline_base64_bytes_per_trajectory'] / 1e3:,.0f} kB inline base64 ({st['ratio']:.1f}x less)"
+    )
     return write_results("multimodal", figures, COMMAND)
 
 

@@ -82,7 +82,9 @@ async def _drive(one_task: Callable[[], Awaitable[None]]) -> float:
             started = ended
 
     await asyncio.gather(*(rollout() for _ in range(N_ROLLOUTS)))
-    inside = sum(max(0.0, min(e, window[1]) - max(s, window[0])) / (e - s) for s, e in cycles if e > s)
+    inside = sum(
+        max(0.0, min(e, window[1]) - max(s, window[0])) / (e - s) for s, e in cycles if e > s
+    )
     return inside / MEASURE_S
 
 
@@ -116,8 +118,12 @@ async def global_lock_rate(task_s: float, reset_s: float) -> float:
 
 def machine() -> dict[str, Any]:
     """Where the figures were taken."""
-    return {"python": sys.version.split()[0], "platform": platform.platform(),
-            "cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()}
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+    }
 
 
 def run_case(task_s: float, reset_s: float) -> dict[str, float]:
@@ -125,10 +131,15 @@ def run_case(task_s: float, reset_s: float) -> dict[str, float]:
     bound = M_INSTANCES / (task_s + reset_s)
     ours = asyncio.run(rollfleet_rate(task_s, reset_s))
     seed = asyncio.run(global_lock_rate(task_s, reset_s))
-    return {"task_s": task_s, "reset_s": reset_s, "bound_tasks_per_s": round(bound, 3),
-            "rollfleet_tasks_per_s": round(ours, 3), "global_lock_tasks_per_s": round(seed, 3),
-            "rollfleet_vs_bound": round(ours / bound, 3),
-            "rollfleet_vs_global_lock": round(ours / seed, 3) if seed else float("inf")}
+    return {
+        "task_s": task_s,
+        "reset_s": reset_s,
+        "bound_tasks_per_s": round(bound, 3),
+        "rollfleet_tasks_per_s": round(ours, 3),
+        "global_lock_tasks_per_s": round(seed, 3),
+        "rollfleet_vs_bound": round(ours / bound, 3),
+        "rollfleet_vs_global_lock": round(ours / seed, 3) if seed else float("inf"),
+    }
 
 
 def main() -> dict[str, Any]:
@@ -136,19 +147,44 @@ def main() -> dict[str, Any]:
     console = Console()
     rows = [run_case(t, r) for t, r in CASES]
     table = Table(title=f"pool: N={N_ROLLOUTS} rollouts, M={M_INSTANCES} instances (tasks/s)")
-    for column in ("T (s)", "R (s)", "bound M/(T+R)", "rollfleet", "seed global lock",
-                   "rollfleet / bound", "rollfleet / global lock"):
+    for column in (
+        "T (s)",
+        "R (s)",
+        "bound M/(T+R)",
+        "rollfleet",
+        "seed global lock",
+        "rollfleet / bound",
+        "rollfleet / global lock",
+    ):
         table.add_column(column, justify="right")
     for row in rows:
-        table.add_row(*(f"{row[k]:.2f}" for k in ("task_s", "reset_s", "bound_tasks_per_s",
-                                                  "rollfleet_tasks_per_s", "global_lock_tasks_per_s",
-                                                  "rollfleet_vs_bound", "rollfleet_vs_global_lock")))
+        table.add_row(
+            *(
+                f"{row[k]:.2f}"
+                for k in (
+                    "task_s",
+                    "reset_s",
+                    "bound_tasks_per_s",
+                    "rollfleet_tasks_per_s",
+                    "global_lock_tasks_per_s",
+                    "rollfleet_vs_bound",
+                    "rollfleet_vs_global_lock",
+                )
+            )
+        )
     console.print(table)
     result = {
-        "bench": "pool", "command": "python -m bench.pool", "n_rollouts": N_ROLLOUTS,
-        "m_instances": M_INSTANCES, "warmup_s": WARMUP_S, "measure_s": MEASURE_S,
-        "target_vs_bound": TARGET, "met": all(r["rollfleet_vs_bound"] >= TARGET for r in rows),
-        "cases": rows, "machine": machine(), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "bench": "pool",
+        "command": "python -m bench.pool",
+        "n_rollouts": N_ROLLOUTS,
+        "m_instances": M_INSTANCES,
+        "warmup_s": WARMUP_S,
+        "measure_s": MEASURE_S,
+        "target_vs_bound": TARGET,
+        "met": all(r["rollfleet_vs_bound"] >= TARGET for r in rows),
+        "cases": rows,
+        "machine": machine(),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")

@@ -28,7 +28,9 @@ ROUNDS = int(os.environ.get("AB_ROUNDS", "3"))
 def worktree(rev: str) -> Path:
     """A detached git worktree of ``rev`` in a temporary directory."""
     path = Path(tempfile.mkdtemp(prefix="rollfleet-ab-")) / "tree"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(path), rev], check=True)
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(path), rev], check=True
+    )
     return path
 
 
@@ -44,13 +46,30 @@ def store_round(tree: Path) -> float:
     try:
         port = free_port()
         db = f"sqlite:///{tempfile.mkdtemp()}/ab.db"
-        server = start([PY, "-m", "rollfleet.cli", "serve", "--db", db, "--port", str(port)],
-                       f"http://127.0.0.1:{port}/health")
+        server = start(
+            [PY, "-m", "rollfleet.cli", "serve", "--db", db, "--port", str(port)],
+            f"http://127.0.0.1:{port}/health",
+        )
         try:
             url = f"http://127.0.0.1:{port}"
-            seed = subprocess.run([PY, str(ROOT / "bench" / "_store_worker.py"), "--impl", "ours", "--url", url,
-                                   "--op", "seed", "--n", str(SEED)], capture_output=True, text=True,
-                                  env=on_tree(tree), timeout=600)
+            seed = subprocess.run(
+                [
+                    PY,
+                    str(ROOT / "bench" / "_store_worker.py"),
+                    "--impl",
+                    "ours",
+                    "--url",
+                    url,
+                    "--op",
+                    "seed",
+                    "--n",
+                    str(SEED),
+                ],
+                capture_output=True,
+                text=True,
+                env=on_tree(tree),
+                timeout=600,
+            )
             if seed.returncode != 0:
                 raise RuntimeError(seed.stderr[-2000:])
             return clients(PY, "ours", url, "claim_batch", 4)
@@ -63,8 +82,14 @@ def store_round(tree: Path) -> float:
 
 def e2e_round(tree: Path) -> float:
     """rollouts/s end to end with ``tree``'s server and runners."""
-    out = subprocess.run([PY, "-m", "bench._ab_e2e"], capture_output=True, text=True, env=on_tree(tree),
-                         cwd=ROOT, timeout=900)
+    out = subprocess.run(
+        [PY, "-m", "bench._ab_e2e"],
+        capture_output=True,
+        text=True,
+        env=on_tree(tree),
+        cwd=ROOT,
+        timeout=900,
+    )
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
     return float(json.loads(out.stdout.strip().splitlines()[-1])["rollouts_per_s"])
@@ -80,25 +105,47 @@ def main() -> dict[str, Any]:
     base_rev = os.environ.get("AB_BASE", "HEAD~1")
     base = worktree(base_rev)
     head = ROOT
-    rounds: dict[str, dict[str, list[float]]] = {w: {"base": [], "head": []} for w in ("store", "e2e")}
+    rounds: dict[str, dict[str, list[float]]] = {
+        w: {"base": [], "head": []} for w in ("store", "e2e")
+    }
     try:
         for i in range(ROUNDS):
             for side, tree in (("base", base), ("head", head)):
                 rounds["store"][side].append(store_round(tree))
                 rounds["e2e"][side].append(e2e_round(tree))
-                print(f"round {i + 1} {side}: store {rounds['store'][side][-1]:.0f}/s, "
-                      f"e2e {rounds['e2e'][side][-1]:.0f}/s", flush=True)
+                print(
+                    f"round {i + 1} {side}: store {rounds['store'][side][-1]:.0f}/s, "
+                    f"e2e {rounds['e2e'][side][-1]:.0f}/s",
+                    flush=True,
+                )
     finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=False)
-    figures: dict[str, Any] = {"base": subprocess.run(["git", "-C", str(ROOT), "rev-parse", base_rev],
-                                                      capture_output=True, text=True).stdout.strip(),
-                               "rounds": rounds}
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=False
+        )
+    figures: dict[str, Any] = {
+        "base": subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", base_rev], capture_output=True, text=True
+        ).stdout.strip(),
+        "rounds": rounds,
+    }
     rows = []
-    for workload, label in (("store", "claim+complete/s, HTTP, 4 workers batched"),
-                            ("e2e", "rollouts/s, 4 local runners x 64, 50 ms sleep agent")):
+    for workload, label in (
+        ("store", "claim+complete/s, HTTP, 4 workers batched"),
+        ("e2e", "rollouts/s, 4 local runners x 64, 50 ms sleep agent"),
+    ):
         b, h = spread(rounds[workload]["base"]), spread(rounds[workload]["head"])
         figures[workload] = {"base": b, "head": h, "ratio": h["median"] / b["median"]}
-        rows.append([label, f"{b['median']:.0f} [{b['min']:.0f}-{b['max']:.0f}]",
-                     f"{h['median']:.0f} [{h['min']:.0f}-{h['max']:.0f}]", f"{h['median'] / b['median']:.2f}x"])
-    table("before / after", ["workload", "base median [range]", "head median [range]", "head/base"], rows)
+        rows.append(
+            [
+                label,
+                f"{b['median']:.0f} [{b['min']:.0f}-{b['max']:.0f}]",
+                f"{h['median']:.0f} [{h['min']:.0f}-{h['max']:.0f}]",
+                f"{h['median'] / b['median']:.2f}x",
+            ]
+        )
+    table(
+        "before / after",
+        ["workload", "base median [range]", "head median [range]", "head/base"],
+        rows,
+    )
     return write_results("refactor_ab", figures, f"AB_BASE={base_rev} python -m bench refactor_ab")

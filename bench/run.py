@@ -46,8 +46,23 @@ SIDES: dict[str, list[str]] = {
 
 
 def _rollfleet(extra: list[str], out: Path) -> dict[str, Any]:
-    argv = [PY, "-m", "rollfleet.cli", "run", "--mode", "math", "--data", str(DATA), "--limit", str(TASKS),
-            "--max-tokens", str(MAX_TOKENS), "--output-dir", str(out), *extra]
+    argv = [
+        PY,
+        "-m",
+        "rollfleet.cli",
+        "run",
+        "--mode",
+        "math",
+        "--data",
+        str(DATA),
+        "--limit",
+        str(TASKS),
+        "--max-tokens",
+        str(MAX_TOKENS),
+        "--output-dir",
+        str(out),
+        *extra,
+    ]
     started = time.perf_counter()
     done = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=ROOT, check=False)
     wall = time.perf_counter() - started
@@ -55,9 +70,13 @@ def _rollfleet(extra: list[str], out: Path) -> dict[str, Any]:
         raise RuntimeError(f"{' '.join(argv)} failed:\n{done.stdout}\n{done.stderr}")
     summary = json.loads((out / "summary.json").read_text())
     tokens = summary["tokens"]["completion"]
-    return {"wall_s": wall, "completion_tokens": tokens, "tokens_per_s": tokens / wall,
-            "succeeded": summary["counts"].get("succeeded", 0),
-            "first_token_s": (summary.get("startup_s") or {}).get("first_token")}
+    return {
+        "wall_s": wall,
+        "completion_tokens": tokens,
+        "tokens_per_s": tokens / wall,
+        "succeeded": summary["counts"].get("succeeded", 0),
+        "first_token_s": (summary.get("startup_s") or {}).get("first_token"),
+    }
 
 
 def _naive(model: Path) -> dict[str, Any]:
@@ -67,8 +86,13 @@ def _naive(model: Path) -> dict[str, Any]:
     wall = time.perf_counter() - started
     report = json.loads(done.stdout.strip().splitlines()[-1])
     tokens = report["completion_tokens"]
-    return {"wall_s": wall, "completion_tokens": tokens, "tokens_per_s": tokens / wall, "succeeded": TASKS,
-            "first_token_s": None}
+    return {
+        "wall_s": wall,
+        "completion_tokens": tokens,
+        "tokens_per_s": tokens / wall,
+        "succeeded": TASKS,
+        "first_token_s": None,
+    }
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -87,8 +111,11 @@ def main() -> dict[str, Any]:
                 out = Path(tmp) / f"r{r}-s{i}"
                 result = _naive(models[name]) if name in models else _rollfleet(extra, out)
                 runs[name].append(result)
-                print(f"round {r + 1}/{ROUNDS} {name}: {result['wall_s']:.1f} s, "
-                      f"{result['tokens_per_s']:.1f} tokens/s", flush=True)
+                print(
+                    f"round {r + 1}/{ROUNDS} {name}: {result['wall_s']:.1f} s, "
+                    f"{result['tokens_per_s']:.1f} tokens/s",
+                    flush=True,
+                )
     naive = NAIVE
     figures: dict[str, Any] = {}
     for name, results in runs.items():
@@ -98,15 +125,29 @@ def main() -> dict[str, Any]:
             "tokens_per_s": _spread([x["tokens_per_s"] for x in results]),
         }
     for f in figures.values():
-        f["tokens_per_s_vs_naive"] = f["tokens_per_s"]["median"] / figures[naive]["tokens_per_s"]["median"]
+        f["tokens_per_s_vs_naive"] = (
+            f["tokens_per_s"]["median"] / figures[naive]["tokens_per_s"]["median"]
+        )
         f["wall_vs_naive"] = f["wall_s"]["median"] / figures[naive]["wall_s"]["median"]
-    table(f"math mode, {TASKS} tasks, max {MAX_TOKENS} tokens, {ROUNDS} alternating rounds: median [range]",
-          ["side", "wall s", "tokens/s", "tokens/s vs naive", "wall vs naive"],
-          [[name, f"{f['wall_s']['median']:.1f} [{f['wall_s']['min']:.1f}-{f['wall_s']['max']:.1f}]",
-            f"{f['tokens_per_s']['median']:.1f} [{f['tokens_per_s']['min']:.1f}-{f['tokens_per_s']['max']:.1f}]",
-            f"{f['tokens_per_s_vs_naive']:.2f}x", f"{f['wall_vs_naive']:.2f}x"] for name, f in figures.items()])
-    return write_results("run", {"tasks": TASKS, "max_tokens": MAX_TOKENS, "rounds": ROUNDS, "sides": figures},
-                         COMMAND)
+    table(
+        f"math mode, {TASKS} tasks, max {MAX_TOKENS} tokens, {ROUNDS} alternating rounds: median [range]",
+        ["side", "wall s", "tokens/s", "tokens/s vs naive", "wall vs naive"],
+        [
+            [
+                name,
+                f"{f['wall_s']['median']:.1f} [{f['wall_s']['min']:.1f}-{f['wall_s']['max']:.1f}]",
+                f"{f['tokens_per_s']['median']:.1f} [{f['tokens_per_s']['min']:.1f}-{f['tokens_per_s']['max']:.1f}]",
+                f"{f['tokens_per_s_vs_naive']:.2f}x",
+                f"{f['wall_vs_naive']:.2f}x",
+            ]
+            for name, f in figures.items()
+        ],
+    )
+    return write_results(
+        "run",
+        {"tasks": TASKS, "max_tokens": MAX_TOKENS, "rounds": ROUNDS, "sides": figures},
+        COMMAND,
+    )
 
 
 if __name__ == "__main__":

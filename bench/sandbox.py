@@ -30,7 +30,9 @@ SOLUTION = "def add(a, b):\n    return a + b\n"
 TESTS = ["add(2, 3) == 5", "add(-1, 1) == 0", "add(0, 0) == 0"]
 UNITTEST = (
     "import unittest\nfrom solution import *\n\n\nclass T(unittest.TestCase):\n"
-    + "".join(f"    def test_{i}(self):\n        self.assertTrue({t})\n\n" for i, t in enumerate(TESTS))
+    + "".join(
+        f"    def test_{i}(self):\n        self.assertTrue({t})\n\n" for i, t in enumerate(TESTS)
+    )
     + "\nif __name__ == '__main__':\n    unittest.main()\n"
 )
 
@@ -103,14 +105,18 @@ async def measure() -> dict[str, Any]:
             rounds[name].append(statistics.median(times))
     await bwrap.stop(boxes["bwrap"])
     await bare.stop(boxes["none"])
-    return {name: {"round_p50_ms": rounds[name], **spread(runs[name], rounds[name])} for name in sides}
+    return {
+        name: {"round_p50_ms": rounds[name], **spread(runs[name], rounds[name])} for name in sides
+    }
 
 
 def main() -> dict[str, Any]:
     """Measure, print and write bench/results/sandbox.json."""
     figures = asyncio.run(measure())
     overhead = figures["trivial/bwrap"]["p50"] - figures["trivial/none"]["p50"]
-    rows = [[name, f"{f['p50']:.1f} [{f['min']:.1f}-{f['max']:.1f}]"] for name, f in figures.items()]
+    rows = [
+        [name, f"{f['p50']:.1f} [{f['min']:.1f}-{f['max']:.1f}]"] for name, f in figures.items()
+    ]
     rows.append(["bubblewrap start-up overhead (p50 difference)", f"{overhead:.1f}"])
     title = f"sandbox, p50 ms per run, range of round p50s ({ROUNDS} alternating rounds x {RUNS})"
     table(title, ["case", "ms"], rows)

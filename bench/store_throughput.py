@@ -31,8 +31,18 @@ from io import BytesIO
 from typing import Any
 from urllib.parse import quote
 
-from bench._common import (PEERS_PY, PY, ROOT, free_port, machine, peers_available, start, stop, table,
-                           write_results)
+from bench._common import (
+    PEERS_PY,
+    PY,
+    ROOT,
+    free_port,
+    machine,
+    peers_available,
+    start,
+    stop,
+    table,
+    write_results,
+)
 
 WORKER = str(ROOT / "bench" / "_store_worker.py")
 SECONDS = float(os.environ.get("BENCH_SECONDS", "3"))
@@ -40,7 +50,9 @@ SEED = 30000
 PG = os.environ.get("ROLLFLEET_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 
 
-def worker_command(py: str, impl: str, url: str, op: str, *flags: str, **kw: Any) -> tuple[list[str], dict[str, str]]:
+def worker_command(
+    py: str, impl: str, url: str, op: str, *flags: str, **kw: Any
+) -> tuple[list[str], dict[str, str]]:
     """The argv and environment of one bench/_store_worker.py process."""
     argv = [py, WORKER, "--impl", impl, "--url", url, "--op", op, "--seconds", str(SECONDS), *flags]
     for k, v in kw.items():
@@ -67,8 +79,17 @@ def clients(py: str, impl: str, url: str | list[str], op: str, n: int) -> float:
     """
     urls = [url] if isinstance(url, str) else url
     commands = [worker_command(py, impl, urls[k % len(urls)], op, "--barrier") for k in range(n)]
-    procs = [subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=env) for argv, env in commands]
+    procs = [
+        subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for argv, env in commands
+    ]
     try:
         for proc in procs:
             assert proc.stdout is not None and proc.stdin is not None
@@ -76,7 +97,9 @@ def clients(py: str, impl: str, url: str | list[str], op: str, n: int) -> float:
                 if line.strip() == "ready":
                     break
             else:
-                raise RuntimeError(f"{impl} {op} client failed to start: {proc.communicate()[1][-2000:]}")
+                raise RuntimeError(
+                    f"{impl} {op} client failed to start: {proc.communicate()[1][-2000:]}"
+                )
         for proc in procs:
             assert proc.stdin is not None
             proc.stdin.write("go\n")
@@ -131,16 +154,29 @@ def _drop_schemas() -> None:
 def ours_server(db_url: str) -> tuple[subprocess.Popen[bytes], str]:
     """Start `rollfleet serve` on a database; return the process and its URL."""
     port = free_port()
-    proc = start([PY, "-m", "rollfleet.cli", "serve", "--db", db_url, "--port", str(port)],
-                 f"http://127.0.0.1:{port}/health")
+    proc = start(
+        [PY, "-m", "rollfleet.cli", "serve", "--db", db_url, "--port", str(port)],
+        f"http://127.0.0.1:{port}/health",
+    )
     return proc, f"http://127.0.0.1:{port}"
 
 
 def agl_server() -> tuple[subprocess.Popen[bytes], str]:
     """Start Agent Lightning's `agl store`; return the process and its URL."""
     port = free_port()
-    proc = start([str(ROOT / ".venv-peers" / "bin" / "agl"), "store", "--host", "127.0.0.1", "--port", str(port),
-                  "--log-level", "WARNING"], f"http://127.0.0.1:{port}/v1/agl/health")
+    proc = start(
+        [
+            str(ROOT / ".venv-peers" / "bin" / "agl"),
+            "store",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "WARNING",
+        ],
+        f"http://127.0.0.1:{port}/v1/agl/health",
+    )
     return proc, f"http://127.0.0.1:{port}"
 
 
@@ -149,10 +185,14 @@ def ours_backend(name: str, make_url: Any) -> dict[str, Any]:
     for workers in (1, 4):
         row[f"inproc_enqueue_{workers}"] = inproc(PY, "ours", make_url(), "enqueue", workers)
         row[f"inproc_claim_complete_{workers}"] = inproc(PY, "ours", make_url(), "claim", workers)
-        row[f"inproc_claim_complete_batched_{workers}"] = inproc(PY, "ours", make_url(), "claim_batch", workers)
+        row[f"inproc_claim_complete_batched_{workers}"] = inproc(
+            PY, "ours", make_url(), "claim_batch", workers
+        )
     server, url = ours_server(make_url())
     try:
-        if name == "sqlite":  # first, while the queue is empty: an idle worker must get the new task
+        if (
+            name == "sqlite"
+        ):  # first, while the queue is empty: an idle worker must get the new task
             row["dispatch_latency"] = client(PY, "ours", url, "latency", n=50)
         for workers in (1, 4):
             row[f"http_enqueue_{workers}"] = clients(PY, "ours", url, "enqueue", workers)
@@ -160,7 +200,9 @@ def ours_backend(name: str, make_url: Any) -> dict[str, Any]:
             client(PY, "ours", url, "seed", n=SEED)
             row[f"http_claim_complete_{workers}"] = clients(PY, "ours", url, "claim", workers)
             client(PY, "ours", url, "seed", n=SEED)
-            row[f"http_claim_complete_batched_{workers}"] = clients(PY, "ours", url, "claim_batch", workers)
+            row[f"http_claim_complete_batched_{workers}"] = clients(
+                PY, "ours", url, "claim_batch", workers
+            )
     finally:
         stop(server)
     return row
@@ -172,7 +214,9 @@ def agl() -> dict[str, Any]:
     for workers in (1, 4):
         row[f"inproc_enqueue_{workers}"] = inproc(py, "agl", "memory", "enqueue", workers)
         row[f"inproc_claim_complete_{workers}"] = inproc(py, "agl", "memory", "claim", workers)
-        row[f"inproc_claim_complete_batched_{workers}"] = inproc(py, "agl", "memory", "claim_batch", workers)
+        row[f"inproc_claim_complete_batched_{workers}"] = inproc(
+            py, "agl", "memory", "claim_batch", workers
+        )
     server, url = agl_server()
     try:
         row["dispatch_latency"] = client(py, "agl", url, "latency", n=6)  # first, on an empty queue
@@ -182,7 +226,9 @@ def agl() -> dict[str, Any]:
             client(py, "agl", url, "seed", n=SEED)
             row[f"http_claim_complete_{workers}"] = clients(py, "agl", url, "claim", workers)
             client(py, "agl", url, "seed", n=SEED)
-            row[f"http_claim_complete_batched_{workers}"] = clients(py, "agl", url, "claim_batch", workers)
+            row[f"http_claim_complete_batched_{workers}"] = clients(
+                py, "agl", url, "claim_batch", workers
+            )
     finally:
         stop(server)
     return row
@@ -211,8 +257,13 @@ def headline() -> dict[str, Any]:
         stop(ours)
         stop(theirs)
     ours_median, agl_median = statistics.median(rounds["ours"]), statistics.median(rounds["agl"])
-    return {"workload": "http_claim_complete_batched_4", "rounds": rounds, "ours_median": ours_median,
-            "agl_median": agl_median, "ratio": ours_median / agl_median}
+    return {
+        "workload": "http_claim_complete_batched_4",
+        "rounds": rounds,
+        "ours_median": ours_median,
+        "agl_median": agl_median,
+        "ratio": ours_median / agl_median,
+    }
 
 
 PG_BASE = os.environ.get("PG_AB_BASE", "63c15b3")  # the commit before issue 19's PostgreSQL changes
@@ -240,7 +291,9 @@ def on_src(src: str | None) -> Iterator[None]:
 
 def src_of(rev: str) -> str:
     """The ``src/`` of commit ``rev``, extracted into a temporary directory."""
-    tar = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "src"], capture_output=True, check=True).stdout
+    tar = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", rev, "src"], capture_output=True, check=True
+    ).stdout
     tmp = tempfile.mkdtemp(prefix="rollfleet-pg-base-")
     with tarfile.open(fileobj=BytesIO(tar)) as t:
         t.extractall(tmp, filter="data")
@@ -272,21 +325,31 @@ def postgres_rounds() -> dict[str, Any]:
     rounds on the same machine state, a fresh schema and servers each round."""
     base = src_of(PG_BASE)
     sides: dict[str, tuple[int, str | None, bool]] = {
-        "before": (1, base, False), "after": (1, None, False), "after_2_replicas": (2, None, False),
-        "before_used": (1, base, True), "after_used": (1, None, True)}
+        "before": (1, base, False),
+        "after": (1, None, False),
+        "after_2_replicas": (2, None, False),
+        "before_used": (1, base, True),
+        "after_used": (1, None, True),
+    }
     rounds: dict[str, list[float]] = {k: [] for k in sides}
     for r in range(ROUNDS):
         order = list(sides) if r % 2 == 0 else list(reversed(sides))
         for k in order:
             rounds[k].append(pg_round(*sides[k]))
             print(f"postgres round {r + 1}/{ROUNDS} {k}: {rounds[k][-1]:,.0f}/s", flush=True)
-    out: dict[str, Any] = {"workload": "http_claim_complete_batched_4", "before_commit": PG_BASE,
-                           **{k: spread(v) for k, v in rounds.items()}}
+    out: dict[str, Any] = {
+        "workload": "http_claim_complete_batched_4",
+        "before_commit": PG_BASE,
+        **{k: spread(v) for k, v in rounds.items()},
+    }
     out["after_vs_before"] = out["after"]["median"] / out["before"]["median"]
     out["replicas_2_vs_1"] = out["after_2_replicas"]["median"] / out["after"]["median"]
     out["used_after_vs_before"] = out["after_used"]["median"] / out["before_used"]["median"]
-    table("PostgreSQL over HTTP, 4 workers batched (16), alternating rounds", ["", "rounds", "median"],
-          [[k, ", ".join(f"{x:,.0f}" for x in rounds[k]), out[k]["median"]] for k in sides])
+    table(
+        "PostgreSQL over HTTP, 4 workers batched (16), alternating rounds",
+        ["", "rounds", "median"],
+        [[k, ", ".join(f"{x:,.0f}" for x in rounds[k]), out[k]["median"]] for k in sides],
+    )
     return out
 
 
@@ -296,27 +359,49 @@ def main_postgres() -> dict[str, Any]:
     results = json.loads(path.read_text()) if path.exists() else {}
     results.pop("benchmark", None)
     command = results.pop("command", "python -m bench store_throughput")
-    results["postgres"] = {**postgres_rounds(), "command": "python -m bench.store_throughput postgres",
-                           "machine": machine()}
-    return write_results("store_throughput", results, command)  # the older figures keep their machine
+    results["postgres"] = {
+        **postgres_rounds(),
+        "command": "python -m bench.store_throughput postgres",
+        "machine": machine(),
+    }
+    return write_results(
+        "store_throughput", results, command
+    )  # the older figures keep their machine
 
 
 def main() -> dict[str, Any]:
     """Measure everything side by side and write bench/results/store_throughput.json."""
     tmp = tempfile.mkdtemp(prefix="rollfleet-bench-")
-    results: dict[str, Any] = {"ours_sqlite": ours_backend("sqlite", lambda: f"sqlite:///{tmp}/{uuid.uuid4().hex}.db")}
+    results: dict[str, Any] = {
+        "ours_sqlite": ours_backend("sqlite", lambda: f"sqlite:///{tmp}/{uuid.uuid4().hex}.db")
+    }
     if pg_schema_url() is not None:
         results["ours_postgres"] = ours_backend("postgres", pg_schema_url)
         results["postgres"] = {**postgres_rounds(), "command": "python -m bench store_throughput"}
     else:
         results["ours_postgres"] = "PostgreSQL not reachable at " + PG
-    results["agentlightning_0_3_0"] = agl() if peers_available("agentlightning") else "not installed (make peers)"
+    results["agentlightning_0_3_0"] = (
+        agl() if peers_available("agentlightning") else "not installed (make peers)"
+    )
     if isinstance(results["agentlightning_0_3_0"], dict):
         results["headline"] = head = headline()
-        table("the target's workload: HTTP, 4 workers, batched (16), interleaved rounds", ["", "rounds", "median"],
-              [["ours SQLite", ", ".join(f"{x:,.0f}" for x in head["rounds"]["ours"]), head["ours_median"]],
-               ["AGL 0.3.0", ", ".join(f"{x:,.0f}" for x in head["rounds"]["agl"]), head["agl_median"]],
-               ["ratio", "", f"{head['ratio']:.1f}×"]])
+        table(
+            "the target's workload: HTTP, 4 workers, batched (16), interleaved rounds",
+            ["", "rounds", "median"],
+            [
+                [
+                    "ours SQLite",
+                    ", ".join(f"{x:,.0f}" for x in head["rounds"]["ours"]),
+                    head["ours_median"],
+                ],
+                [
+                    "AGL 0.3.0",
+                    ", ".join(f"{x:,.0f}" for x in head["rounds"]["agl"]),
+                    head["agl_median"],
+                ],
+                ["ratio", "", f"{head['ratio']:.1f}×"],
+            ],
+        )
     keys = [k for k in results["ours_sqlite"] if k != "dispatch_latency"]
     rows = []
     for k in keys:
@@ -324,14 +409,27 @@ def main() -> dict[str, Any]:
         peer = theirs.get(k) if isinstance(theirs, dict) else None
         pg = results["ours_postgres"].get(k) if isinstance(results["ours_postgres"], dict) else None
         ratio = results["ours_sqlite"][k] / peer if peer else None
-        rows.append([k, results["ours_sqlite"][k], pg or "-", peer or "-", f"{ratio:.1f}×" if ratio else "-"])
-    table("store ops/s (higher is better)", ["workload", "ours SQLite", "ours PostgreSQL", "AGL 0.3.0 memory",
-                                             "SQLite / AGL"], rows)
+        rows.append(
+            [
+                k,
+                results["ours_sqlite"][k],
+                pg or "-",
+                peer or "-",
+                f"{ratio:.1f}×" if ratio else "-",
+            ]
+        )
+    table(
+        "store ops/s (higher is better)",
+        ["workload", "ours SQLite", "ours PostgreSQL", "AGL 0.3.0 memory", "SQLite / AGL"],
+        rows,
+    )
     if isinstance(results["agentlightning_0_3_0"], dict):
         peer = results["agentlightning_0_3_0"]
         results["ratios"] = {k: results["ours_sqlite"][k] / peer[k] for k in keys if peer.get(k)}
         if isinstance(results["ours_postgres"], dict):
-            results["ratios_postgres"] = {k: results["ours_postgres"][k] / peer[k] for k in keys if peer.get(k)}
+            results["ratios_postgres"] = {
+                k: results["ours_postgres"][k] / peer[k] for k in keys if peer.get(k)
+            }
     return write_results("store_throughput", results, "python -m bench store_throughput")
 
 

@@ -69,7 +69,9 @@ async def _work(store: Store, ledger: Ledger, rollout: Any) -> None:
     if stop.is_set():
         return
     try:
-        await store.complete(rollout.attempt.attempt_id, AttemptStatus.SUCCEEDED, RolloutResult(reward=1.0))
+        await store.complete(
+            rollout.attempt.attempt_id, AttemptStatus.SUCCEEDED, RolloutResult(reward=1.0)
+        )
         ledger.succeeded.add(rid)
     except Conflict:  # cancelled while finishing: the work is lost
         pass
@@ -83,14 +85,20 @@ async def _worker(store: Store, ledger: Ledger, name: str, done: asyncio.Event) 
 
 def durations(rng: random.Random) -> list[list[float]]:
     """Per step, per task: log-normal durations with the configured median and σ."""
-    return [[MEDIAN_S * math.exp(rng.gauss(0.0, SIGMA)) for _ in range(TASKS)] for _ in range(STEPS)]
+    return [
+        [MEDIAN_S * math.exp(rng.gauss(0.0, SIGMA)) for _ in range(TASKS)] for _ in range(STEPS)
+    ]
 
 
-async def run_policy(policy: StragglerPolicy, plan: list[list[float]], workdir: Path) -> dict[str, Any]:
+async def run_policy(
+    policy: StragglerPolicy, plan: list[list[float]], workdir: Path
+) -> dict[str, Any]:
     """Run every step under one policy; return its figures."""
     store = connect(f"sqlite:///{workdir}/{policy.value}.db")
     ledger = Ledger()
-    coord = RolloutCoordinator(store, abort_hook=ledger.abort, poll_interval_s=0.02, collect_tokens=False)
+    coord = RolloutCoordinator(
+        store, abort_hook=ledger.abort, poll_interval_s=0.02, collect_tokens=False
+    )
     done = asyncio.Event()
     workers = [asyncio.create_task(_worker(store, ledger, f"w{i}", done)) for i in range(WORKERS)]
     steps, delivered, staleness, used = [], [], [], set()
@@ -98,15 +106,24 @@ async def run_policy(policy: StragglerPolicy, plan: list[list[float]], workdir: 
         for step, plan_step in enumerate(plan):
             t0 = time.monotonic()
             batch_id = f"{policy.value}-{step}"
-            await coord.submit_batch(batch_id, [{"duration": d} for d in plan_step], "train",
-                                     min_wait_num=None if policy is StragglerPolicy.WAIT else MIN_WAIT, policy=policy)
+            await coord.submit_batch(
+                batch_id,
+                [{"duration": d} for d in plan_step],
+                "train",
+                min_wait_num=None if policy is StragglerPolicy.WAIT else MIN_WAIT,
+                policy=policy,
+            )
             result = await coord.finalize_train_batch(batch_id)
             steps.append(time.monotonic() - t0)
             batch = await coord.get_batch_state(batch_id)
             used.update(batch.included)
             delivered.append(result.rollouts_by_status[RolloutStatus.SUCCEEDED])
             staleness.extend(batch.included.values())
-        pending = {r for c in (await coord.get_batch_state(f"{policy.value}-{STEPS - 1}")).carry_pool for r in c.rollout_ids}
+        pending = {
+            r
+            for c in (await coord.get_batch_state(f"{policy.value}-{STEPS - 1}")).carry_pool
+            for r in c.rollout_ids
+        }
         await _drain(store, pending)
     finally:
         done.set()
@@ -116,10 +133,17 @@ async def run_policy(policy: StragglerPolicy, plan: list[list[float]], workdir: 
     kept = sum(ledger.worked[r] for r in ledger.succeeded)
     finished_kept = len(ledger.succeeded & (used | pending)) / max(1, len(ledger.succeeded))
     return {
-        "policy": policy.value, "step_time_mean_s": statistics.mean(steps), "step_time_p50_s": statistics.median(steps),
-        "step_time_max_s": max(steps), "total_s": sum(steps), "results_per_step_mean": statistics.mean(delivered),
-        "work_executed_s": executed, "work_kept_s": kept, "work_kept_fraction": kept / executed,
-        "finished_results_kept_fraction": finished_kept, "carried_results_pending_at_end": len(pending),
+        "policy": policy.value,
+        "step_time_mean_s": statistics.mean(steps),
+        "step_time_p50_s": statistics.median(steps),
+        "step_time_max_s": max(steps),
+        "total_s": sum(steps),
+        "results_per_step_mean": statistics.mean(delivered),
+        "work_executed_s": executed,
+        "work_kept_s": kept,
+        "work_kept_fraction": kept / executed,
+        "finished_results_kept_fraction": finished_kept,
+        "carried_results_pending_at_end": len(pending),
         "staleness_mean": statistics.mean(staleness) if staleness else 0.0,
     }
 
@@ -143,13 +167,29 @@ async def compare() -> dict[str, Any]:
     return {
         "benchmark": "stragglers",
         "command": "python -m bench.stragglers",
-        "config": {"tasks": TASKS, "steps": STEPS, "workers": WORKERS, "median_duration_s": MEDIAN_S,
-                   "sigma": SIGMA, "min_wait_num": MIN_WAIT, "seed": SEED, "store": "sqlite (embedded)"},
-        "machine": {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count(),
-                    "processor": platform.processor() or platform.machine()},
+        "config": {
+            "tasks": TASKS,
+            "steps": STEPS,
+            "workers": WORKERS,
+            "median_duration_s": MEDIAN_S,
+            "sigma": SIGMA,
+            "min_wait_num": MIN_WAIT,
+            "seed": SEED,
+            "store": "sqlite (embedded)",
+        },
+        "machine": {
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "processor": platform.processor() or platform.machine(),
+        },
         "results": rows,
-        "target": {"carry_over_speedup_vs_wait_at_least": 2.0, "carry_over_work_kept_fraction": 1.0,
-                   "met": by["carry_over"]["speedup_vs_wait"] >= 2.0 and by["carry_over"]["work_kept_fraction"] == 1.0},
+        "target": {
+            "carry_over_speedup_vs_wait_at_least": 2.0,
+            "carry_over_work_kept_fraction": 1.0,
+            "met": by["carry_over"]["speedup_vs_wait"] >= 2.0
+            and by["carry_over"]["work_kept_fraction"] == 1.0,
+        },
     }
 
 
@@ -157,16 +197,33 @@ def _print(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"stragglers: {TASKS} tasks/step, log-normal σ={SIGMA}, min_wait_num={MIN_WAIT}")
-    for col in ("policy", "step mean s", "step p50 s", "step max s", "speedup", "results/step",
-                "work kept", "finished kept", "staleness"):
+    table = Table(
+        title=f"stragglers: {TASKS} tasks/step, log-normal σ={SIGMA}, min_wait_num={MIN_WAIT}"
+    )
+    for col in (
+        "policy",
+        "step mean s",
+        "step p50 s",
+        "step max s",
+        "speedup",
+        "results/step",
+        "work kept",
+        "finished kept",
+        "staleness",
+    ):
         table.add_column(col, justify="right")
     for r in report["results"]:
-        table.add_row(r["policy"], f"{r['step_time_mean_s']:.2f}", f"{r['step_time_p50_s']:.2f}",
-                      f"{r['step_time_max_s']:.2f}", f"{r['speedup_vs_wait']:.2f}×",
-                      f"{r['results_per_step_mean']:.1f}",
-                      f"{r['work_kept_fraction']:.1%}", f"{r['finished_results_kept_fraction']:.0%}",
-                      f"{r['staleness_mean']:.2f}")
+        table.add_row(
+            r["policy"],
+            f"{r['step_time_mean_s']:.2f}",
+            f"{r['step_time_p50_s']:.2f}",
+            f"{r['step_time_max_s']:.2f}",
+            f"{r['speedup_vs_wait']:.2f}×",
+            f"{r['results_per_step_mean']:.1f}",
+            f"{r['work_kept_fraction']:.1%}",
+            f"{r['finished_results_kept_fraction']:.0%}",
+            f"{r['staleness_mean']:.2f}",
+        )
     Console(width=130).print(table)
 
 

@@ -103,9 +103,9 @@ async def _pushes(url: str, gateway: Any, full: list[Any], delta: list[Any]) -> 
 
 def _exports(state: list[Any], delta: list[Any]) -> dict[str, Any]:
     """GGUF exports for llama.cpp, full and delta, alternating, against an f16 export as base."""
+    from rollfleet.engines.base import WeightsDelta
     from rollfleet.engines.gguf_export import export_gguf
     from rollfleet.engines.llamacpp_model import bundled_gguf
-    from rollfleet.engines.base import WeightsDelta
 
     runs: dict[str, list[float]] = {"full": [], "delta": []}
     with tempfile.TemporaryDirectory() as folder:

@@ -119,8 +119,10 @@ async def hf_served() -> AsyncIterator[tuple[str, Any, Any]]:
 
     from support import require
 
-    require(bool(importlib.util.find_spec("transformers") and importlib.util.find_spec("torch")),
-            "transformers and torch (rollfleet[hf])")
+    require(
+        bool(importlib.util.find_spec("transformers") and importlib.util.find_spec("torch")),
+        "transformers and torch (rollfleet[hf])",
+    )
     from rollfleet.engines.gateway import Gateway
     from rollfleet.engines.gateway_app import running_gateway
     from rollfleet.engines.hf import HFEngine, tiny_hf_model

@@ -26,8 +26,14 @@ from rollfleet.server.parts import ServerParts
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "docs" / "screenshots"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
 WAIT_MS = 20_000
 
 try:
@@ -45,24 +51,67 @@ class Extras:
     async def batches(self) -> list[dict[str, Any]]:
         state = "ABORTED" if self.aborted else "RUNNING"
         return [
-            {"batch_id": "train-7", "batch_type": "train", "expected_task_count": 64, "completed_task_count": 41,
-             "min_wait_num": 58, "state": state, "policy": "carry_over", "created_at": time.time() - 90},
-            {"batch_id": "eval-3", "batch_type": "eval", "expected_task_count": 16, "completed_task_count": 16,
-             "min_wait_num": None, "state": "FINALIZED", "policy": "wait", "created_at": time.time() - 600,
-             "final_result": {"metrics": {"reward/mean": 0.62, "reward/std": 0.21, "mean@4": 0.6}}},
+            {
+                "batch_id": "train-7",
+                "batch_type": "train",
+                "expected_task_count": 64,
+                "completed_task_count": 41,
+                "min_wait_num": 58,
+                "state": state,
+                "policy": "carry_over",
+                "created_at": time.time() - 90,
+            },
+            {
+                "batch_id": "eval-3",
+                "batch_type": "eval",
+                "expected_task_count": 16,
+                "completed_task_count": 16,
+                "min_wait_num": None,
+                "state": "FINALIZED",
+                "policy": "wait",
+                "created_at": time.time() - 600,
+                "final_result": {
+                    "metrics": {"reward/mean": 0.62, "reward/std": 0.21, "mean@4": 0.6}
+                },
+            },
         ]
 
     async def pools(self) -> list[dict[str, Any]]:
         states = ["BUSY", "BUSY", "IDLE", "RESETTING"]
-        return [{"name": "sandbox", "provider": "sandbox", "size": 4, "healthy": 4, "degraded": False,
-                 "states": {}, "waiting": 2, "acquired": 310, "timeouts": 0, "replacements": 1,
-                 "instances": [{"instance_id": f"sb-{i}", "state": s} for i, s in enumerate(states)],
-                 "wait_p50_s": 0.004, "wait_p90_s": 0.21, "wait_p99_s": 0.9, "utilisation": 0.71}]
+        return [
+            {
+                "name": "sandbox",
+                "provider": "sandbox",
+                "size": 4,
+                "healthy": 4,
+                "degraded": False,
+                "states": {},
+                "waiting": 2,
+                "acquired": 310,
+                "timeouts": 0,
+                "replacements": 1,
+                "instances": [{"instance_id": f"sb-{i}", "state": s} for i, s in enumerate(states)],
+                "wait_p50_s": 0.004,
+                "wait_p90_s": 0.21,
+                "wait_p99_s": 0.9,
+                "utilisation": 0.71,
+            }
+        ]
 
     async def engines(self) -> list[dict[str, Any]]:
-        return [{"replica_id": f"llamacpp-{i}", "engine": "llamacpp", "model": "SmolLM2-135M-Instruct",
-                 "weights_version": 3, "capacity": 4, "in_flight": 3 - i, "served": 120 + i, "draining": False}
-                for i in range(2)]
+        return [
+            {
+                "replica_id": f"llamacpp-{i}",
+                "engine": "llamacpp",
+                "model": "SmolLM2-135M-Instruct",
+                "weights_version": 3,
+                "capacity": 4,
+                "in_flight": 3 - i,
+                "served": 120 + i,
+                "draining": False,
+            }
+            for i in range(2)
+        ]
 
     async def abort_batch(self, batch_id: str, reason: str) -> None:
         self.aborted.append((batch_id, reason))
@@ -76,9 +125,16 @@ def extras() -> Extras:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, extras: Extras) -> Iterator[ServerThread]:
     db = tmp_path_factory.mktemp("dash") / "fleet.db"
-    providers = {"batches": extras.batches, "pools": extras.pools, "engines": extras.engines,
-                 "abort_batch": extras.abort_batch}
-    with ServerThread(f"sqlite:///{db}", parts=lambda store: ServerParts(routers=[("", dashboard_router(store, providers))])) as srv:
+    providers = {
+        "batches": extras.batches,
+        "pools": extras.pools,
+        "engines": extras.engines,
+        "abort_batch": extras.abort_batch,
+    }
+    with ServerThread(
+        f"sqlite:///{db}",
+        parts=lambda store: ServerParts(routers=[("", dashboard_router(store, providers))]),
+    ) as srv:
         yield srv
 
 
@@ -134,23 +190,48 @@ def test_runners_page_shows_four_workers_busy(server: ServerThread, store: Any, 
     ids = [r.rollout_id for r in store.enqueue_many([_spec(t) for t in tasks])]
     page.goto(f"{server.url}/#/runners")
     wait_live(page)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    cmd = [sys.executable, "-m", "rollfleet.cli", "workers", "-n", "4", "--agent", "rollfleet.agents.sleep:agent",
-           "--store", server.url, "--grace", "5", "--prefix", "dash"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "rollfleet.cli",
+        "workers",
+        "-n",
+        "4",
+        "--agent",
+        "rollfleet.agents.sleep:agent",
+        "--store",
+        server.url,
+        "--grace",
+        "5",
+        "--prefix",
+        "dash",
+    ]
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     try:
         page.wait_for_function(
-            "document.querySelectorAll('#runners tr[data-status=\"busy\"]').length === 4", timeout=60_000)
+            "document.querySelectorAll('#runners tr[data-status=\"busy\"]').length === 4",
+            timeout=60_000,
+        )
         busy = page.locator('#runners tr[data-status="busy"]')
         expect(busy).to_have_count(4)
         for i in range(4):
-            expect(busy.nth(i).locator("td.current a")).to_have_count(1)  # each shows the rollout it runs
+            expect(busy.nth(i).locator("td.current a")).to_have_count(
+                1
+            )  # each shows the rollout it runs
         shot(page, "runners")
         done = store.wait_for_rollouts(ids, 90)
         assert all(r.status is RolloutStatus.SUCCEEDED for r in done)
         assert {r.attempt.worker_id for r in done if r.attempt} == {f"dash-{i}" for i in range(4)}
         page.wait_for_function(
-            "document.querySelectorAll('#runners tr[data-status=\"idle\"]').length === 4", timeout=30_000)
+            "document.querySelectorAll('#runners tr[data-status=\"idle\"]').length === 4",
+            timeout=30_000,
+        )
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -167,7 +248,9 @@ def _spec(task: dict[str, Any]) -> Any:
     return RolloutSpec(**task)
 
 
-def test_rollout_status_changes_live_without_reload(server: ServerThread, store: Any, page: Page) -> None:
+def test_rollout_status_changes_live_without_reload(
+    server: ServerThread, store: Any, page: Page
+) -> None:
     page.goto(f"{server.url}/#/rollouts")
     wait_live(page)
     page.evaluate("window.__sameDocument = true")
@@ -184,8 +267,9 @@ def test_rollout_status_changes_live_without_reload(server: ServerThread, store:
     assert page.evaluate("window.__sameDocument") is True  # no reload happened
 
 
-def test_cancel_from_page_needs_confirmation_and_cancels_in_store(server: ServerThread, store: Any,
-                                                                  page: Page) -> None:
+def test_cancel_from_page_needs_confirmation_and_cancels_in_store(
+    server: ServerThread, store: Any, page: Page
+) -> None:
     rollout = store.enqueue_rollout({"q": "cancel me"}, mode="cancel-test")
     page.goto(f"{server.url}/#/rollouts?search={rollout.rollout_id}")
     target = row(page, rollout.rollout_id)
@@ -221,8 +305,12 @@ def test_requeue_stuck_from_page(server: ServerThread, store: Any, page: Page) -
 def test_filters_search_and_pagination(server: ServerThread, store: Any, page: Page) -> None:
     from rollfleet.model import RolloutSpec
 
-    made = store.enqueue_many([RolloutSpec(input={"i": i}, mode="pager" if i % 3 else "other", batch_id="pb")
-                               for i in range(60)])
+    made = store.enqueue_many(
+        [
+            RolloutSpec(input={"i": i}, mode="pager" if i % 3 else "other", batch_id="pb")
+            for i in range(60)
+        ]
+    )
     pager = [r.rollout_id for r in made if r.mode == "pager"]  # 40, oldest first
     page.goto(f"{server.url}/#/rollouts?batch_id=pb&limit=25")
     expect(page.locator("#rollout-rows tr")).to_have_count(25)
@@ -254,25 +342,48 @@ def test_filters_search_and_pagination(server: ServerThread, store: Any, page: P
 
 def _ids(page: Page, n: int) -> list[str]:
     expect(page.locator("#rollout-rows tr[data-id]")).to_have_count(n)
-    return [x for x in page.locator("#rollout-rows tr[data-id]").evaluate_all("rs => rs.map(r => r.dataset.id)")]
+    return [
+        x
+        for x in page.locator("#rollout-rows tr[data-id]").evaluate_all(
+            "rs => rs.map(r => r.dataset.id)"
+        )
+    ]
 
 
-def test_detail_page_shows_attempts_and_trajectory(server: ServerThread, store: Any, page: Page) -> None:
-    rollout = store.enqueue_rollout({"question": "What is 6 * 7?"}, mode="math", priority=200,
-                                    config={"retry_delay_s": 0})  # claimed again at once below
+def test_detail_page_shows_attempts_and_trajectory(
+    server: ServerThread, store: Any, page: Page
+) -> None:
+    rollout = store.enqueue_rollout(
+        {"question": "What is 6 * 7?"}, mode="math", priority=200, config={"retry_delay_s": 0}
+    )  # claimed again at once below
     store.register_worker("detail-worker")
     first = store.claim("detail-worker")[0].attempt
     store.complete(first.attempt_id, AttemptStatus.FAILED, None, "ValueError: the sandbox crashed")
     second = store.claim("detail-worker")[0].attempt
     assert second.rollout_id == rollout.rollout_id
-    store.add_steps(second.attempt_id, [
-        StepIn(kind="llm", payload={"messages": [{"role": "user", "content": "What is 6 * 7?"}],
-                                    "text": "Let me compute it.", "usage": {"prompt_tokens": 14, "completion_tokens": 5},
-                                    "latency_s": 0.084, "model": "SmolLM2-135M-Instruct"}),
-        StepIn(kind="tool", payload={"name": "python", "arguments": {"code": "6 * 7"}, "result": 42}),
-        StepIn(kind="reward", payload={"reward": 1.0}),
-    ])
-    store.complete(second.attempt_id, AttemptStatus.SUCCEEDED, RolloutResult(reward=1.0, output="42"))
+    store.add_steps(
+        second.attempt_id,
+        [
+            StepIn(
+                kind="llm",
+                payload={
+                    "messages": [{"role": "user", "content": "What is 6 * 7?"}],
+                    "text": "Let me compute it.",
+                    "usage": {"prompt_tokens": 14, "completion_tokens": 5},
+                    "latency_s": 0.084,
+                    "model": "SmolLM2-135M-Instruct",
+                },
+            ),
+            StepIn(
+                kind="tool",
+                payload={"name": "python", "arguments": {"code": "6 * 7"}, "result": 42},
+            ),
+            StepIn(kind="reward", payload={"reward": 1.0}),
+        ],
+    )
+    store.complete(
+        second.attempt_id, AttemptStatus.SUCCEEDED, RolloutResult(reward=1.0, output="42")
+    )
     page.goto(f"{server.url}/#/rollouts/{rollout.rollout_id}")
     expect(page.locator("dd[data-fact=status]")).to_have_text("SUCCEEDED")
     expect(page.locator("#detail table.grid tbody tr")).to_have_count(2)
@@ -292,7 +403,9 @@ def test_detail_page_shows_attempts_and_trajectory(server: ServerThread, store: 
     shot(page, "rollout-detail")
 
 
-def test_detail_page_shows_a_screenshot_stored_once_by_content(server: ServerThread, store: Any, page: Page) -> None:
+def test_detail_page_shows_a_screenshot_stored_once_by_content(
+    server: ServerThread, store: Any, page: Page
+) -> None:
     import base64
     import io
 
@@ -303,10 +416,20 @@ def test_detail_page_shows_a_screenshot_stored_once_by_content(server: ServerThr
     url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
     rollout = store.enqueue_rollout({"task": "click the red square"}, mode="osworld", priority=250)
     attempt = store.claim("shot-worker")[0].attempt
-    turn = {"role": "user", "content": [{"type": "text", "text": "the screen:"},
-                                        {"type": "image_url", "image_url": {"url": url}}]}
-    store.add_steps(attempt.attempt_id, [StepIn(kind="llm", payload={"messages": [turn], "text": "CLICK"}),
-                                         StepIn(kind="llm", payload={"messages": [turn, turn], "text": "DONE"})])
+    turn = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "the screen:"},
+            {"type": "image_url", "image_url": {"url": url}},
+        ],
+    }
+    store.add_steps(
+        attempt.attempt_id,
+        [
+            StepIn(kind="llm", payload={"messages": [turn], "text": "CLICK"}),
+            StepIn(kind="llm", payload={"messages": [turn, turn], "text": "DONE"}),
+        ],
+    )
     stored = store.query_steps(rollout.rollout_id).items
     assert "base64" not in str(stored[1].payload)  # a reference, twice, and the bytes once
     page.goto(f"{server.url}/#/rollouts/{rollout.rollout_id}")
@@ -334,7 +457,9 @@ def test_overview_counts_match_the_store(server: ServerThread, store: Any, page:
     shot(page, "overview")
 
 
-def test_batches_page_aborts_with_confirmation(server: ServerThread, extras: Extras, page: Page) -> None:
+def test_batches_page_aborts_with_confirmation(
+    server: ServerThread, extras: Extras, page: Page
+) -> None:
     page.goto(f"{server.url}/#/batches")
     train = page.locator('tr[data-batch="train-7"]')
     expect(train).to_contain_text("41 / 64")
@@ -361,7 +486,9 @@ def test_pools_and_engines_page(server: ServerThread, page: Page) -> None:
 
 def test_pages_without_extras_say_none_configured(tmp_path: Path, page: Page) -> None:
     url = f"sqlite:///{tmp_path / 'bare.db'}"
-    with ServerThread(url, parts=lambda store: ServerParts(routers=[("", dashboard_router(store))])) as srv:
+    with ServerThread(
+        url, parts=lambda store: ServerParts(routers=[("", dashboard_router(store))])
+    ) as srv:
         page.goto(f"{srv.url}/#/batches")
         expect(page.locator("#batches-none")).to_have_text("No batches configured on this server.")
         page.goto(f"{srv.url}/#/pools")
@@ -380,7 +507,9 @@ def test_ids_sharing_a_long_prefix_show_the_part_that_differs(tmp_path: Path, pa
     ids = [f"{stem}d5e6f7a8", f"{stem}9f3c2a1b"]
     workers = ["gpu-node-0001.cluster.example-4242-0", "gpu-node-0001.cluster.example-4242-1"]
     url = f"sqlite:///{tmp_path / 'ids.db'}"
-    with ServerThread(url, parts=lambda store: ServerParts(routers=[("", dashboard_router(store))])) as srv:
+    with ServerThread(
+        url, parts=lambda store: ServerParts(routers=[("", dashboard_router(store))])
+    ) as srv:
         client = connect_sync(srv.url)
         try:
             client.enqueue_many([RolloutSpec(input=i, rollout_id=rid) for i, rid in enumerate(ids)])
@@ -419,7 +548,11 @@ def test_ids_sharing_a_long_prefix_show_the_part_that_differs(tmp_path: Path, pa
 
 def test_token_login_form_and_query_param(tmp_path: Path, browser: Browser) -> None:
     url = f"sqlite:///{tmp_path / 'auth.db'}"
-    with ServerThread(url, token="s3cret", parts=lambda store: ServerParts(routers=[("", dashboard_router(store))])) as srv:
+    with ServerThread(
+        url,
+        token="s3cret",
+        parts=lambda store: ServerParts(routers=[("", dashboard_router(store))]),
+    ) as srv:
         context = browser.new_context()
         pg = context.new_page()
         pg.set_default_timeout(WAIT_MS)

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support import ServeProcess
 
 from rollfleet.client import HttpStore
 from rollfleet.store.blobs import PREFIX, image_refs
-from support import ServeProcess
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -31,13 +31,28 @@ def png() -> bytes:
 
 def ask(image: bytes) -> dict:  # type: ignore[type-arg]
     url = "data:image/png;base64," + base64.b64encode(image).decode()
-    return {"model": "any", "max_tokens": 4, "temperature": 0,
-            "messages": [{"role": "user", "content": [{"type": "text", "text": "What is on the screen?"},
-                                                      {"type": "image_url", "image_url": {"url": url}}]}]}
+    return {
+        "model": "any",
+        "max_tokens": 4,
+        "temperature": 0,
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What is on the screen?"},
+                    {"type": "image_url", "image_url": {"url": url}},
+                ],
+            }
+        ],
+    }
 
 
-async def test_a_tiny_random_vlm_built_from_a_config_sees_an_image_and_the_step_keeps_it_once(tmp_path: Path) -> None:
-    server = ServeProcess(f"sqlite:///{tmp_path}/v.db", "--engine", "hf", "--model", "tiny-vlm").start(timeout=180)
+async def test_a_tiny_random_vlm_built_from_a_config_sees_an_image_and_the_step_keeps_it_once(
+    tmp_path: Path,
+) -> None:
+    server = ServeProcess(
+        f"sqlite:///{tmp_path}/v.db", "--engine", "hf", "--model", "tiny-vlm"
+    ).start(timeout=180)
     store = HttpStore(server.url)
     try:
         await store.enqueue_rollout({"task": "look"}, rollout_id="sees")
@@ -55,10 +70,14 @@ async def test_a_tiny_random_vlm_built_from_a_config_sees_an_image_and_the_step_
                 assert answer.json()["usage"]["completion_tokens"] >= 1
             by_ref["messages"][0]["content"][1]["image_url"]["url"] = PREFIX + "0" * 64
             unknown = await http.post(path, json=by_ref)
-            assert unknown.status_code == 400 and "messages[0].content[1]" in unknown.text, unknown.text
+            assert unknown.status_code == 400 and "messages[0].content[1]" in unknown.text, (
+                unknown.text
+            )
         steps = (await store.query_steps("sees")).items
         assert [s.kind for s in steps] == ["llm", "llm"]
-        assert all(image_refs(s.payload) == [sha] for s in steps) and "base64" not in str(steps[0].payload)
+        assert all(image_refs(s.payload) == [sha] for s in steps) and "base64" not in str(
+            steps[0].payload
+        )
         assert (await store.get_blob(sha)).data == image
     finally:
         await store.close()
@@ -66,7 +85,9 @@ async def test_a_tiny_random_vlm_built_from_a_config_sees_an_image_and_the_step_
 
 
 def test_a_text_only_engine_refuses_images_by_name(tmp_path: Path) -> None:
-    server = ServeProcess(f"sqlite:///{tmp_path}/t.db", "--engine", "hf", "--model", "tiny").start(timeout=180)
+    server = ServeProcess(f"sqlite:///{tmp_path}/t.db", "--engine", "hf", "--model", "tiny").start(
+        timeout=180
+    )
     try:
         answer = httpx.post(f"{server.url}/v1/chat/completions", json=ask(png()), timeout=120)
         assert answer.status_code == 400 and "cannot take images" in answer.text, answer.text
@@ -78,15 +99,24 @@ def test_a_projector_is_only_for_llamacpp() -> None:
     from rollfleet.engines.factory import make_engine
     from rollfleet.errors import InvalidInput
 
-    with pytest.raises(InvalidInput, match="--mmproj is a llama.cpp projector; engine 'hf' takes none"):
+    with pytest.raises(
+        InvalidInput, match="--mmproj is a llama.cpp projector; engine 'hf' takes none"
+    ):
         make_engine("hf", model="tiny", mmproj="/tmp/mmproj.gguf")
 
 
 async def test_a_reference_needs_a_store_behind_the_gateway() -> None:
     from rollfleet.engines.images import ImageRefused, resolve_references
 
-    shown = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": PREFIX + "a" * 64}}]}]
-    with pytest.raises(ImageRefused, match=r"messages\[0\]\.content\[0\]: rollfleet-blob: references need"):
+    shown = [
+        {
+            "role": "user",
+            "content": [{"type": "image_url", "image_url": {"url": PREFIX + "a" * 64}}],
+        }
+    ]
+    with pytest.raises(
+        ImageRefused, match=r"messages\[0\]\.content\[0\]: rollfleet-blob: references need"
+    ):
         await resolve_references(shown, None)
     plain = [{"role": "user", "content": "no images"}]
     assert await resolve_references(plain, None) is plain

@@ -117,9 +117,22 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     config = root / "pools.toml"
     config.write_text(CONFIG.format(root=root))
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "rollfleet.cli.pool", "pool", "serve",
-                             "--config", str(config), "--port", str(port)], env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rollfleet.cli.pool",
+            "pool",
+            "serve",
+            "--config",
+            str(config),
+            "--port",
+            str(port),
+        ],
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     url = f"http://127.0.0.1:{port}/pools"
     try:
         until(lambda: proc.poll() is not None or get(url))
@@ -163,8 +176,11 @@ async def _exercise(size: int, holds: list[int], failing_resets: int) -> list[tu
 
 
 @settings(max_examples=60, deadline=None)
-@given(size=st.integers(1, 4), holds=st.lists(st.integers(0, 6), min_size=1, max_size=25),
-       failing_resets=st.integers(0, 3))
+@given(
+    size=st.integers(1, 4),
+    holds=st.lists(st.integers(0, 6), min_size=1, max_size=25),
+    failing_resets=st.integers(0, 3),
+)
 def test_many_tasks_never_share_an_instance_and_are_served_in_order(
     size: int, holds: list[int], failing_resets: int
 ) -> None:
@@ -176,9 +192,16 @@ def test_many_tasks_never_share_an_instance_and_are_served_in_order(
 
 def test_many_processes_never_share_an_instance_and_are_served_in_order(server: str) -> None:
     cycles, workers = 8, 4
-    procs = [subprocess.Popen([sys.executable, "-c", HOLDER, server, str(cycles), str(seed)],
-                              env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for seed in range(workers)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", HOLDER, server, str(cycles), str(seed)],
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for seed in range(workers)
+    ]
     served: list[tuple[str, int, int]] = []
     for proc in procs:
         out, err = proc.communicate(timeout=120)
@@ -207,32 +230,55 @@ def test_instance_whose_reset_or_check_fails_is_replaced(server: str, marker: st
             return instance.endpoint or ""
 
     endpoint = asyncio.run(poison())
-    after = until(lambda: (s := stats(server, "fleet"))["replacements"] == before + 1
-                  and s["states"]["IDLE"] == 2 and s)
+    after = until(
+        lambda: (
+            (s := stats(server, "fleet"))["replacements"] == before + 1
+            and s["states"]["IDLE"] == 2
+            and s
+        )
+    )
     assert not Path(endpoint).exists(), "the broken instance was not stopped"
     assert endpoint not in {i["endpoint"] for i in after["instances"]}
     assert not after["degraded"] and after["healthy"] == 2
 
 
-def test_holder_killed_with_sigkill_loses_its_lease_and_the_instance_is_reclaimed(server: str) -> None:
-    victim = subprocess.Popen([sys.executable, "-c", VICTIM, server], env=ENV,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def test_holder_killed_with_sigkill_loses_its_lease_and_the_instance_is_reclaimed(
+    server: str,
+) -> None:
+    victim = subprocess.Popen(
+        [sys.executable, "-c", VICTIM, server],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = victim.stdout.readline() if victim.stdout else ""
         assert line, victim.stderr.read() if victim.stderr else ""
         held = json.loads(line)
         [lease] = get(f"{server}/solo/leases")
         assert lease["attempt_id"] == "victim" and lease["lease_id"] == held["lease_id"]
-        until(lambda: get(f"{server}/solo/leases")[0]["expires_at"] > lease["expires_at"])  # renewing
+        until(
+            lambda: get(f"{server}/solo/leases")[0]["expires_at"] > lease["expires_at"]
+        )  # renewing
         assert Path(held["endpoint"], "victim-was-here").exists()
     finally:
         os.kill(victim.pid, signal.SIGKILL)
         victim.wait(timeout=30)
-    until(lambda: get(f"{server}/solo/leases") == [] and stats(server, "solo")["states"]["IDLE"] == 1)
+    until(
+        lambda: get(f"{server}/solo/leases") == [] and stats(server, "solo")["states"]["IDLE"] == 1
+    )
 
     async def next_holder() -> tuple[str, int, bool]:
-        async with RemotePool(server, "solo") as remote, remote.lease(attempt_id="next", timeout=30) as inst:
-            return inst.instance_id, inst.generation, Path(inst.endpoint or "", "victim-was-here").exists()
+        async with (
+            RemotePool(server, "solo") as remote,
+            remote.lease(attempt_id="next", timeout=30) as inst,
+        ):
+            return (
+                inst.instance_id,
+                inst.generation,
+                Path(inst.endpoint or "", "victim-was-here").exists(),
+            )
 
     assert asyncio.run(next_holder()) == (held["instance_id"], 0, False)
 
@@ -240,8 +286,22 @@ def test_holder_killed_with_sigkill_loses_its_lease_and_the_instance_is_reclaime
 def test_pool_serve_rejects_a_bad_config_naming_file_and_field(tmp_path: Path) -> None:
     config = tmp_path / "bad.toml"
     config.write_text('[pools.x]\nprovider = "sandbox"\nsize = -2\n')
-    result = subprocess.run([sys.executable, "-m", "rollfleet.cli.pool", "pool", "serve",
-                             "--config", str(config), "--port", str(free_port())],
-                            env=ENV, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rollfleet.cli.pool",
+            "pool",
+            "serve",
+            "--config",
+            str(config),
+            "--port",
+            str(free_port()),
+        ],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert f"{config}: pools.x.size:" in result.stdout.replace("\n", "")

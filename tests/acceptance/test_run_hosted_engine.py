@@ -57,20 +57,40 @@ def standin() -> Iterator[StandinOpenAI]:
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            body = json.loads(
+                self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}"
+            )
             with seen.lock:
-                seen.requests.append({"path": self.path, "authorization": self.headers.get("Authorization"),
-                                      "model": body.get("model"), "cmdlines": cmdlines_with(KEYS)})
+                seen.requests.append(
+                    {
+                        "path": self.path,
+                        "authorization": self.headers.get("Authorization"),
+                        "model": body.get("model"),
+                        "cmdlines": cmdlines_with(KEYS),
+                    }
+                )
             if not self.path.endswith("/v1/chat/completions"):
-                self.answer(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
+                self.answer(
+                    404, {"error": {"message": f"no route {self.path}", "type": "not_found"}}
+                )
                 return
-            self.answer(200, {
-                "id": "chatcmpl-standin", "object": "chat.completion", "created": int(time.time()),
-                "model": body.get("model"),
-                "choices": [{"index": 0, "finish_reason": "stop",
-                             "message": {"role": "assistant", "content": "The answer is #### 2"}}],
-                "usage": {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12},
-            })
+            self.answer(
+                200,
+                {
+                    "id": "chatcmpl-standin",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": body.get("model"),
+                    "choices": [
+                        {
+                            "index": 0,
+                            "finish_reason": "stop",
+                            "message": {"role": "assistant", "content": "The answer is #### 2"},
+                        }
+                    ],
+                    "usage": {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12},
+                },
+            )
 
         def answer(self, status: int, payload: dict[str, Any]) -> None:
             raw = json.dumps(payload).encode()
@@ -97,16 +117,42 @@ def standin() -> Iterator[StandinOpenAI]:
 
 def two_tasks(tmp_path: Path) -> Path:
     data = tmp_path / "two.jsonl"
-    data.write_text('{"question": "What is 1 + 1?", "answer": 2}\n{"question": "What is 4 - 2?", "answer": 2}\n')
+    data.write_text(
+        '{"question": "What is 1 + 1?", "answer": 2}\n{"question": "What is 4 - 2?", "answer": 2}\n'
+    )
     return data
 
 
-def run_hosted(tmp_path: Path, url: str, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "ROLLFLEET_LLM_TOKEN")}
-    argv = [sys.executable, "-m", "rollfleet.cli", "run", "--mode", "math", "--data", str(two_tasks(tmp_path)),
-            "--engine", url, "--model", "gpt-test", "--limit", "2", "--max-turns", "1",
-            "--output-dir", str(tmp_path / "out"), *extra]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False, env={**clean, **env})
+def run_hosted(
+    tmp_path: Path, url: str, env: dict[str, str], *extra: str
+) -> subprocess.CompletedProcess[str]:
+    clean = {
+        k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "ROLLFLEET_LLM_TOKEN")
+    }
+    argv = [
+        sys.executable,
+        "-m",
+        "rollfleet.cli",
+        "run",
+        "--mode",
+        "math",
+        "--data",
+        str(two_tasks(tmp_path)),
+        "--engine",
+        url,
+        "--model",
+        "gpt-test",
+        "--limit",
+        "2",
+        "--max-turns",
+        "1",
+        "--output-dir",
+        str(tmp_path / "out"),
+        *extra,
+    ]
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=120, check=False, env={**clean, **env}
+    )
 
 
 @pytest.mark.parametrize(
@@ -124,7 +170,9 @@ def test_hosted_model_gets_the_users_key_against_a_standin_openai_server(
     done = run_hosted(tmp_path, standin.url, env, *extra)
     assert done.returncode == 0, done.stdout + done.stderr
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert summary["counts"] == {"succeeded": 2} and summary["reward"]["mean"] == 1.0  # the replies were scored
+    assert (
+        summary["counts"] == {"succeeded": 2} and summary["reward"]["mean"] == 1.0
+    )  # the replies were scored
     assert len(standin.requests) == 2  # one turn per rollout, no retries
     for request in standin.requests:
         assert request["path"] == "/v1/chat/completions" and request["model"] == "gpt-test"
@@ -141,4 +189,6 @@ def test_hosted_model_without_any_key_refuses_before_starting_against_a_standin_
     done = run_hosted(tmp_path, standin.url, {})
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "no API key; set OPENAI_API_KEY or pass --llm-token" in done.stderr
-    assert standin.requests == [] and not (tmp_path / "out").exists()  # no placeholder key was ever sent
+    assert (
+        standin.requests == [] and not (tmp_path / "out").exists()
+    )  # no placeholder key was ever sent

@@ -25,14 +25,49 @@ def test_store_mode_enqueues_follows_and_writes_outputs(tmp_path: Path) -> None:
     data = Path(str(resources.files("rollfleet.examples").joinpath("math.jsonl")))
     server = ServeProcess(f"sqlite:///{tmp_path}/remote.db").start()
     runner = subprocess.Popen(
-        [sys.executable, "-m", "rollfleet.runner.child", "--store", server.url, "--agent",
-         "rollfleet.agents.loop:agent", "--worker-id", "remote-0", "--concurrency", "2", "--own-engine"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        [
+            sys.executable,
+            "-m",
+            "rollfleet.runner.child",
+            "--store",
+            server.url,
+            "--agent",
+            "rollfleet.agents.loop:agent",
+            "--worker-id",
+            "remote-0",
+            "--concurrency",
+            "2",
+            "--own-engine",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "rollfleet.cli", "run", "--mode", "math", "--data", str(data), "--store", server.url,
-             "--limit", "3", "--max-tokens", "32", "--output-dir", str(tmp_path / "out")],
-            capture_output=True, text=True, timeout=120, check=False)
+            [
+                sys.executable,
+                "-m",
+                "rollfleet.cli",
+                "run",
+                "--mode",
+                "math",
+                "--data",
+                str(data),
+                "--store",
+                server.url,
+                "--limit",
+                "3",
+                "--max-tokens",
+                "32",
+                "--output-dir",
+                str(tmp_path / "out"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
     finally:
         runner.terminate()
         events, _ = runner.communicate(timeout=60)
@@ -42,7 +77,10 @@ def test_store_mode_enqueues_follows_and_writes_outputs(tmp_path: Path) -> None:
     assert summary["counts"] == {"succeeded": 3} and summary["ran_now"] == 3
     assert not (tmp_path / "out" / "store.db").exists()  # the command started no store of its own
     assert "engine llama.cpp" not in done.stdout  # nor an engine
-    lines = [json.loads(line) for line in (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()]
+    lines = [
+        json.loads(line)
+        for line in (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
+    ]
     assert [line["line"] for line in lines] == [1, 2, 3]
     finished = [json.loads(e) for e in events.splitlines() if '"rollout_finished"' in e]
     assert sorted(e["rollout_id"] for e in finished) == sorted(line["rollout_id"] for line in lines)

@@ -10,12 +10,12 @@ import contextlib
 from pathlib import Path
 
 import pytest
+from support import ServeProcess, eventually
 
 from rollfleet.client import HttpStore
 from rollfleet.errors import RollfleetError
 from rollfleet.model import AttemptStatus, RolloutResult, RolloutSpec, RolloutStatus
 from rollfleet.store import open_sql_store
-from support import ServeProcess, eventually
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -26,18 +26,24 @@ async def producer(store: HttpStore, acked: set[str], prefix: str, stop: asyncio
         ids = [f"{prefix}-{i + k}" for k in range(5)]
         i += 5
         try:
-            await store.enqueue_many([RolloutSpec(input=x, rollout_id=x, config={"heartbeat_s": 2}) for x in ids])
+            await store.enqueue_many(
+                [RolloutSpec(input=x, rollout_id=x, config={"heartbeat_s": 2}) for x in ids]
+            )
         except RollfleetError:
             await asyncio.sleep(0.01)
             continue
         acked.update(ids)
 
 
-async def consumer(store: HttpStore, completed: dict[str, str], worker: str, stop: asyncio.Event) -> None:
+async def consumer(
+    store: HttpStore, completed: dict[str, str], worker: str, stop: asyncio.Event
+) -> None:
     while not stop.is_set():
         try:
             for r in await store.claim(worker, wait_s=0.2, max_n=4):
-                done = await store.complete(r.attempt.attempt_id, AttemptStatus.SUCCEEDED, RolloutResult(reward=1))
+                done = await store.complete(
+                    r.attempt.attempt_id, AttemptStatus.SUCCEEDED, RolloutResult(reward=1)
+                )
                 assert done.status is RolloutStatus.SUCCEEDED
                 completed[r.rollout_id] = r.attempt.attempt_id
         except RollfleetError:
@@ -50,10 +56,16 @@ class Traffic:
     def __init__(self, url: str, acked: set[str], completed: dict[str, str], produce: bool) -> None:
         self.stores = [HttpStore(url, timeout=5) for _ in range(3)]
         self.stop_event = asyncio.Event()
-        self.tasks = [asyncio.create_task(consumer(s, completed, f"w{i}", self.stop_event))
-                      for i, s in enumerate(self.stores[1:])]
+        self.tasks = [
+            asyncio.create_task(consumer(s, completed, f"w{i}", self.stop_event))
+            for i, s in enumerate(self.stores[1:])
+        ]
         if produce:
-            self.tasks.append(asyncio.create_task(producer(self.stores[0], acked, f"p{len(acked)}", self.stop_event)))
+            self.tasks.append(
+                asyncio.create_task(
+                    producer(self.stores[0], acked, f"p{len(acked)}", self.stop_event)
+                )
+            )
 
     def check(self) -> None:
         """Fail at once if a client task died (instead of waiting for a timeout)."""

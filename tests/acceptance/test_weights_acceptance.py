@@ -118,7 +118,9 @@ async def test_a_trainer_pushes_over_http_while_8_generations_run(
             asyncio.create_task(generate(server.url, store, i, MAX_TOKENS[kind], started[i]))
             for i in range(8)
         ]
-        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 300)  # 62 s in all, quiet
+        await asyncio.wait_for(
+            asyncio.gather(*(e.wait() for e in started)), 300
+        )  # 62 s in all, quiet
         assert trainer.stdin is not None
         trainer.stdin.write("go\n")
         trainer.stdin.flush()

@@ -16,26 +16,41 @@ import time
 from pathlib import Path
 
 import pytest
+from support import ServeProcess, eventually
 
 from rollfleet.cli.workers import host_prefix
 from rollfleet.client import HttpStore
 from rollfleet.model import RolloutSpec, RolloutStatus, WorkerStatus
-from support import ServeProcess, eventually
 
 pytestmark = pytest.mark.timeout(180)
 BIG = "x" * (200 * 1024)
 
 
 def workers_cmd(url: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "rollfleet.cli", "workers", "--store", url, "--agent", "rollfleet.agents.sleep",
-            *extra]
+    return [
+        sys.executable,
+        "-m",
+        "rollfleet.cli",
+        "workers",
+        "--store",
+        url,
+        "--agent",
+        "rollfleet.agents.sleep",
+        *extra,
+    ]
 
 
-async def test_a_200_kib_input_succeeds_the_runner_keeps_working_and_sigint_ends_it(tmp_path: Path) -> None:
+async def test_a_200_kib_input_succeeds_the_runner_keeps_working_and_sigint_ends_it(
+    tmp_path: Path,
+) -> None:
     server = ServeProcess(f"sqlite:///{tmp_path}/big.db").start()
     store = HttpStore(server.url)
-    proc = subprocess.Popen(workers_cmd(server.url, "-n", "1", "--concurrency", "2", "--grace", "5"),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        workers_cmd(server.url, "-n", "1", "--concurrency", "2", "--grace", "5"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         big = await store.enqueue_rollout({"duration": 0.01, "pad": BIG}, rollout_id="big-0")
         done = await store.wait_for_rollouts([big.rollout_id], 60)
@@ -43,8 +58,12 @@ async def test_a_200_kib_input_succeeds_the_runner_keeps_working_and_sigint_ends
         assert done[0].input["pad"] == BIG  # the input itself is stored whole; only events trim it
 
         # the same runner keeps claiming: more big inputs and small ones all succeed
-        specs = [RolloutSpec(input={"duration": 0.01, "pad": BIG if i % 2 else ""}, rollout_id=f"after-{i}")
-                 for i in range(6)]
+        specs = [
+            RolloutSpec(
+                input={"duration": 0.01, "pad": BIG if i % 2 else ""}, rollout_id=f"after-{i}"
+            )
+            for i in range(6)
+        ]
         await store.enqueue_many(specs)
         after = await store.wait_for_rollouts([s.rollout_id for s in specs], 60)
         assert [r.status for r in after] == [RolloutStatus.SUCCEEDED] * 6
@@ -79,10 +98,17 @@ async def test_ctrl_c_to_the_process_group_drains_instead_of_releasing(tmp_path:
     # a terminal's Ctrl-C signals the whole foreground process group: runners and supervisor
     server = ServeProcess(f"sqlite:///{tmp_path}/cc.db").start()
     store = HttpStore(server.url)
-    proc = subprocess.Popen(workers_cmd(server.url, "-n", "2", "--grace", "20"), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        workers_cmd(server.url, "-n", "2", "--grace", "20"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
-        slow = [await store.enqueue_rollout({"duration": 2.0}, rollout_id=f"cc-{i}") for i in range(2)]
+        slow = [
+            await store.enqueue_rollout({"duration": 2.0}, rollout_id=f"cc-{i}") for i in range(2)
+        ]
 
         async def both_running() -> bool:
             now = await store.wait_for_rollouts([r.rollout_id for r in slow], timeout=0)

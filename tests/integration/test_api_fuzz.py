@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 import schemathesis
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from schemathesis.checks import (  # noqa: E402
@@ -27,7 +26,12 @@ from schemathesis.checks import (  # noqa: E402
 from rollfleet.compose import control_plane_parts  # noqa: E402
 from rollfleet.server.embedded import ServerThread  # noqa: E402
 
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+]
 EXAMPLES = 30  # per operation
 WAITS = ("wait_s", "timeout", "wait_after_min")  # seconds a caller may make the server wait
 
@@ -47,8 +51,13 @@ def fuzz(url: str) -> list[str]:
     for result in schema.get_all_operations():
         operation = result.ok()
 
-        @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=EXAMPLES,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
         @given(case=operation.as_strategy())
         def run(case: Any) -> None:
             clamp_waits(case)
@@ -109,12 +118,14 @@ def test_fuzz_the_gateway() -> None:
 @pytest.mark.timeout(600)
 def test_fuzz_the_pool_service(tmp_path: Path) -> None:
     import uvicorn
-
-    from rollfleet.pool import load_registry, pool_app
     from support import free_port
 
+    from rollfleet.pool import load_registry, pool_app
+
     config = tmp_path / "pools.toml"
-    config.write_text('[pools.mem]\nprovider = "command"\nsize = 2\n[pools.mem.options]\nstart = "true"\nreset = "true"\n')
+    config.write_text(
+        '[pools.mem]\nprovider = "command"\nsize = 2\n[pools.mem.options]\nstart = "true"\nreset = "true"\n'
+    )
     app = pool_app(load_registry(config))
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))

@@ -66,17 +66,24 @@ async def scripted() -> AsyncIterator[Callable[[Answer], Awaitable[Scripted]]]:
 
 
 def ok(body: bytes) -> Callable[[asyncio.StreamWriter, int], None]:
-    return lambda w, _n: w.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+    return lambda w, _n: w.write(
+        b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+    )
 
 
 async def test_sends_json_with_headers_and_reuses_the_connection(scripted) -> None:  # type: ignore[no-untyped-def]
     s = await scripted(ok(b'{"a":1}'))
     client = Client(s.url, {"authorization": "Bearer t"})
     for _ in range(3):
-        assert await client.request("POST", "/x", b'{"q":2}', params=[("k", "a b")]) == (200, b'{"a":1}')
+        assert await client.request("POST", "/x", b'{"q":2}', params=[("k", "a b")]) == (
+            200,
+            b'{"a":1}',
+        )
     assert s.connections == 1
     first = s.requests[0]
-    assert first.startswith(b"POST /x?k=a+b HTTP/1.1\r\n") and b"authorization: Bearer t\r\n" in first
+    assert (
+        first.startswith(b"POST /x?k=a+b HTTP/1.1\r\n") and b"authorization: Bearer t\r\n" in first
+    )
     assert first.endswith(b'\r\n\r\n{"q":2}')
     client.close()
 
@@ -118,7 +125,10 @@ async def test_a_connection_the_server_closed_while_idle_is_replaced(scripted) -
     s = await scripted(hang_up_on_the_second)
     client = Client(s.url, {})
     assert await client.request("POST", "/r", b"1") == (200, b"ok")
-    assert await client.request("POST", "/r", b"2") == (200, b"ok")  # sent again on a new connection
+    assert await client.request("POST", "/r", b"2") == (
+        200,
+        b"ok",
+    )  # sent again on a new connection
     assert [r[-1:] for r in s.requests] == [b"1", b"2", b"2"] and s.connections == 2
     client.close()
 
@@ -128,7 +138,9 @@ async def test_a_fresh_connection_closed_early_is_an_error_not_a_retry(scripted)
     client = Client(s.url, {})
     with pytest.raises(ConnectionError, match="closed the connection"):
         await client.request("POST", "/claims", b"{}")
-    assert len(s.requests) == 1  # a request on a new connection may have been acted on: never sent twice
+    assert (
+        len(s.requests) == 1
+    )  # a request on a new connection may have been acted on: never sent twice
     client.close()
 
 
@@ -153,12 +165,17 @@ async def test_a_timeout_raises_and_closes(scripted) -> None:  # type: ignore[no
     client.close()
 
 
-@pytest.mark.parametrize(("answer", "why"), [
-    (b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP/1.1 status line"),
-    (b"HTTP/1.1 200 OK\r\nContent-Length: lots\r\n\r\n", "bad Content-Length"),
-])
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        (b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP/1.1 status line"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: lots\r\n\r\n", "bad Content-Length"),
+    ],
+)
 async def test_what_is_not_http_is_a_protocol_error_and_the_store_says_unavailable(  # type: ignore[no-untyped-def]
-    scripted, answer: bytes, why: str,
+    scripted,
+    answer: bytes,
+    why: str,
 ) -> None:
     s = await scripted(lambda w, _n: w.write(answer))
     client = Client(s.url, {})
@@ -186,7 +203,9 @@ MALFORMED = {
     "head over 64 KiB": b"HTTP/1.1 200 OK\r\nx-filler: " + b"a" * 70_000 + b"\r\n\r\n",
     "body over the bound": b"HTTP/1.1 200 OK\r\ncontent-length: 2000\r\n\r\n" + b"b" * 2000,
     "chunked body over the bound": b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
-    + b"7d0\r\n" + b"c" * 2000 + b"\r\n0\r\n\r\n",
+    + b"7d0\r\n"
+    + b"c" * 2000
+    + b"\r\n0\r\n\r\n",
     "both transfer-encoding and content-length": b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n"
     b"transfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
     "conflicting content-lengths": b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\nok",
@@ -233,7 +252,9 @@ async def test_one_endless_header_line_is_bounded(
     client.close()
 
 
-async def test_an_interim_answer_is_skipped(scripted: Callable[[Answer], Awaitable[Scripted]]) -> None:
+async def test_an_interim_answer_is_skipped(
+    scripted: Callable[[Answer], Awaitable[Scripted]],
+) -> None:
     early = b"HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi"
     server = await scripted(raw(early))
     client = Client(server.url, {})

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-
 pytestmark = pytest.mark.ray
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
@@ -51,7 +50,6 @@ if HAVE_RAY:
 
         def read(self, name: str) -> Any:
             return self.connect_channel(name, timeout=30).get(timeout=30)
-
 
 
 @pytest.fixture(scope="module")
@@ -201,4 +199,3 @@ async def test_cluster_channel_async_variants(channel: Any) -> None:
 def test_cluster_channel_created_by_a_worker(peers: Any) -> None:
     assert peers.execute_on(0).make("made-by-worker").wait() == ["made-by-worker"]
     assert peers.execute_on(1).read("made-by-worker").wait() == ["from peers:0"]
-

@@ -70,7 +70,7 @@ def test_a_get_parked_by_a_consumer_that_died_takes_nothing(channel: Any, how: s
     until(lambda: waiting(channel)[0] == 0)  # the channel saw it go
     channel.put("for the living")
     assert channel.get(timeout=30) == "for the living"
-    with pytest.raises(Exception):
+    with pytest.raises(ray.exceptions.RayError):  # its caller died with it
         ray.get(pending, timeout=30)
 
 

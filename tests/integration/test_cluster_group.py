@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-
 pytestmark = pytest.mark.ray
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
@@ -67,7 +66,6 @@ if HAVE_RAY:
     class Broken(Worker):
         def __init__(self) -> None:
             raise RuntimeError("cannot build")
-
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
 from support import require
 
 pytestmark = pytest.mark.ray
@@ -69,7 +68,6 @@ if HAVE_DEPS:
             return "no timeout"
 
 
-
 @pytest.fixture(scope="module")
 def nodes(cluster: Any) -> Iterator[Any]:
     require(HAVE_DEPS, "Ray and torch (pip install 'rollfleet[cluster]')")
@@ -106,7 +104,9 @@ def test_cluster_recv_timeout_names_both_ends(nodes: Any) -> None:
 @pytest.mark.parametrize("async_op", [False, True])
 def test_cluster_send_recv_tensor_over_gloo(nodes: Any, async_op: bool) -> None:
     recv = nodes.execute_on(1).recv_tensor_from("p2p", 0, async_op)
-    nodes.execute_on(0).send_tensor_to("p2p", 1, 7.0 if async_op else 3.0, async_op).wait(timeout=120)
+    nodes.execute_on(0).send_tensor_to("p2p", 1, 7.0 if async_op else 3.0, async_op).wait(
+        timeout=120
+    )
     assert recv.wait(timeout=120) == [[[7.0 if async_op else 3.0] * 3] * 4]
 
 

@@ -31,7 +31,9 @@ async def test_carry_over_survives_a_new_coordinator(case: StoreCase) -> None:
 
 async def test_dead_dispatch_is_reaped_while_finalize_waits(case: StoreCase) -> None:
     store, clock = case.store, case.clock
-    coord = RolloutCoordinator(store, poll_interval_s=0.05, reap_interval_s=0.0, collect_tokens=False)
+    coord = RolloutCoordinator(
+        store, poll_interval_s=0.05, reap_interval_s=0.0, collect_tokens=False
+    )
     await coord.submit_batch("s1", ["a"], config=RolloutConfig(heartbeat_s=5.0, max_lost=1))
     await store.claim("dead")
     clock.advance(10.0)  # the lease lapses; nobody claims again, so only finalize's reaping notices

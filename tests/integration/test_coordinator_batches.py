@@ -29,17 +29,23 @@ def coord(store: Store, tmp_path: Path) -> RolloutCoordinator:
 
 async def claim_all(store: Store) -> dict[str, str]:
     """Claim everything queued; rollout id → attempt id."""
-    return {r.rollout_id: r.attempt.attempt_id for r in await store.claim("w", max_n=500) if r.attempt}
+    return {
+        r.rollout_id: r.attempt.attempt_id for r in await store.claim("w", max_n=500) if r.attempt
+    }
 
 
 async def finish(store: Store, attempts: dict[str, str], rewards: dict[str, float]) -> None:
     for rid, reward in rewards.items():
-        await store.complete(attempts[rid], AttemptStatus.SUCCEEDED,
-                             RolloutResult(reward=reward, metrics={"turns": 2.0}))
+        await store.complete(
+            attempts[rid],
+            AttemptStatus.SUCCEEDED,
+            RolloutResult(reward=reward, metrics={"turns": 2.0}),
+        )
 
 
 async def test_submit_enqueues_every_repeat_with_ids_groups_and_persisted_state(
-        store: Store, coord: RolloutCoordinator) -> None:
+    store: Store, coord: RolloutCoordinator
+) -> None:
     await store.add_resources({"model": "m"})
     batch = await coord.submit_batch("s1", [{"q": 1}, {"q": 2}], "train", repeat_times=2)
     assert batch.state is BatchLifecycleState.RUNNING and batch.expected_task_count == 2
@@ -54,26 +60,42 @@ async def test_submit_enqueues_every_repeat_with_ids_groups_and_persisted_state(
     assert len((await store.query_rollouts(batch_id="s1")).items) == 4
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"tasks": []}, "tasks"), ({"min_wait_num": 3}, "min_wait_num"), ({"repeat_times": 0}, "repeat_times"),
-    ({"batch_type": "test"}, "batch_type"), ({"policy": "drop"}, "policy"),
-    ({"batch_type": "eval", "policy": "carry_over"}, "eval batch cannot carry"),
-])
-async def test_submit_refuses_bad_input_by_name(coord: RolloutCoordinator, kwargs: dict, match: str) -> None:
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"tasks": []}, "tasks"),
+        ({"min_wait_num": 3}, "min_wait_num"),
+        ({"repeat_times": 0}, "repeat_times"),
+        ({"batch_type": "test"}, "batch_type"),
+        ({"policy": "drop"}, "policy"),
+        ({"batch_type": "eval", "policy": "carry_over"}, "eval batch cannot carry"),
+    ],
+)
+async def test_submit_refuses_bad_input_by_name(
+    coord: RolloutCoordinator, kwargs: dict, match: str
+) -> None:
     args = {"batch_id": "bad", "tasks": [1, 2], **kwargs}
     with pytest.raises(InvalidInput, match=match):
         await coord.submit_batch(**args)
 
 
-async def test_finalize_all_aggregates_and_is_idempotent(store: Store, coord: RolloutCoordinator) -> None:
+async def test_finalize_all_aggregates_and_is_idempotent(
+    store: Store, coord: RolloutCoordinator
+) -> None:
     await coord.submit_batch("s1", ["a", "b", "c", "d"])
     attempts = await claim_all(store)
     await finish(store, attempts, {"s1:0:0": 1.0, "s1:1:0": 0.0, "s1:2:0": 0.5, "s1:3:0": 0.5})
     result = await coord.finalize_train_batch("s1")
-    assert result.batch_id == "s1" and result.batch_type == "train" and result.finished_task_count == 4
+    assert (
+        result.batch_id == "s1" and result.batch_type == "train" and result.finished_task_count == 4
+    )
     metrics = result.metrics
-    assert metrics["reward/mean"] == 0.5 and metrics["reward/max"] == 1.0 and metrics["reward/min"] == 0.0
-    assert metrics["reward/std"] == pytest.approx(0.125 ** 0.5)
+    assert (
+        metrics["reward/mean"] == 0.5
+        and metrics["reward/max"] == 1.0
+        and metrics["reward/min"] == 0.0
+    )
+    assert metrics["reward/std"] == pytest.approx(0.125**0.5)
     assert metrics["metric/turns/mean"] == 2.0 and metrics["latency/max"] >= 0.0
     assert await coord.finalize_train_batch("s1") == result
     restarted = RolloutCoordinator(store)
@@ -82,7 +104,8 @@ async def test_finalize_all_aggregates_and_is_idempotent(store: Store, coord: Ro
 
 
 async def test_finalize_unknown_aborted_or_wrong_type_is_a_clear_error(
-        store: Store, coord: RolloutCoordinator) -> None:
+    store: Store, coord: RolloutCoordinator
+) -> None:
     with pytest.raises(NotFound, match="batch nope not found"):
         await coord.finalize_train_batch("nope")
     await coord.submit_batch("ev", [1], "eval")
@@ -95,7 +118,8 @@ async def test_finalize_unknown_aborted_or_wrong_type_is_a_clear_error(
 
 
 async def test_partial_finalize_at_min_wait_num_carries_stragglers_into_next_batch(
-        store: Store, coord: RolloutCoordinator) -> None:
+    store: Store, coord: RolloutCoordinator
+) -> None:
     await coord.submit_batch("s1", ["a", "b", "c", "d"], min_wait_num=3)
     attempts = await claim_all(store)
     await finish(store, attempts, {"s1:0:0": 1.0, "s1:1:0": 1.0, "s1:2:0": 0.0})
@@ -116,10 +140,14 @@ async def test_partial_finalize_at_min_wait_num_carries_stragglers_into_next_bat
     assert (await coord.get_batch_state("s2")).carry_pool == []
 
 
-async def test_carried_group_waits_whole_and_grows_staler(store: Store, coord: RolloutCoordinator) -> None:
+async def test_carried_group_waits_whole_and_grows_staler(
+    store: Store, coord: RolloutCoordinator
+) -> None:
     await coord.submit_batch("s1", ["a", "b"], min_wait_num=1, repeat_times=2)
     attempts = await claim_all(store)
-    await finish(store, attempts, {"s1:0:0": 1.0, "s1:0:1": 0.0, "s1:1:0": 0.5})  # s1:1:1 still runs
+    await finish(
+        store, attempts, {"s1:0:0": 1.0, "s1:0:1": 0.0, "s1:1:0": 0.5}
+    )  # s1:1:1 still runs
     assert (await coord.finalize_train_batch("s1")).carried_out_task_count == 1
     await coord.submit_batch("s2", ["c"], repeat_times=2)
     attempts.update(await claim_all(store))
@@ -131,12 +159,14 @@ async def test_carried_group_waits_whole_and_grows_staler(store: Store, coord: R
     await finish(store, attempts, {"s1:1:1": 0.0, "s3:0:0": 1.0, "s3:0:1": 0.0})
     third = await coord.finalize_train_batch("s3")
     assert third.carried_in_task_count == 1
-    assert {k: v for k, v in (await coord.get_batch_state("s3")).included.items() if k.startswith("s1")} == {
-        "s1:1:0": 2, "s1:1:1": 2}
+    assert {
+        k: v for k, v in (await coord.get_batch_state("s3")).included.items() if k.startswith("s1")
+    } == {"s1:1:0": 2, "s1:1:1": 2}
 
 
 async def test_cancel_policy_cancels_stragglers_and_calls_the_abort_hook(
-        store: Store, tmp_path: Path) -> None:
+    store: Store, tmp_path: Path
+) -> None:
     aborted: list[str] = []
 
     async def hook(rollout_id: str) -> None:
@@ -184,7 +214,10 @@ async def test_abort_cancels_queued_and_running_and_keeps_finished_if_asked(stor
     assert (await store.get_rollout("s1:1:0")).status is RolloutStatus.CANCELLED
     assert await coord.abort_batch("s1", reason="again") == result
     queued = await coord.abort_batch("s2", reason="stop")
-    assert queued.rollout_count == 0 and (await store.get_rollout("s2:0:0")).status is RolloutStatus.CANCELLED
+    assert (
+        queued.rollout_count == 0
+        and (await store.get_rollout("s2:0:0")).status is RolloutStatus.CANCELLED
+    )
     assert (await store.get_state("batch/s2"))["state"] == "aborted"
 
 
@@ -196,7 +229,9 @@ async def test_abort_of_finalized_batch_is_refused(store: Store, coord: RolloutC
         await coord.abort_batch("s1", reason="late")
 
 
-async def test_abort_interrupts_a_finalize_that_is_waiting(store: Store, coord: RolloutCoordinator) -> None:
+async def test_abort_interrupts_a_finalize_that_is_waiting(
+    store: Store, coord: RolloutCoordinator
+) -> None:
     await coord.submit_batch("s1", ["a", "b"])
     finalize = asyncio.create_task(coord.finalize_train_batch("s1"))
     async with asyncio.timeout(10):
@@ -210,19 +245,31 @@ async def test_abort_interrupts_a_finalize_that_is_waiting(store: Store, coord: 
 async def test_eval_batch_reports_at_n_and_at_k(store: Store, coord: RolloutCoordinator) -> None:
     await coord.submit_batch("ev", ["x", "y"], "eval", repeat_times=4)
     attempts = await claim_all(store)
-    rewards = {"ev:0:0": 1.0, "ev:0:1": 0.0, "ev:0:2": 0.0, "ev:0:3": 1.0,
-               "ev:1:0": 0.0, "ev:1:1": 0.0, "ev:1:2": 0.0, "ev:1:3": 0.0}
+    rewards = {
+        "ev:0:0": 1.0,
+        "ev:0:1": 0.0,
+        "ev:0:2": 0.0,
+        "ev:0:3": 1.0,
+        "ev:1:0": 0.0,
+        "ev:1:1": 0.0,
+        "ev:1:2": 0.0,
+        "ev:1:3": 0.0,
+    }
     await finish(store, attempts, rewards)
     result = await coord.finalize_eval_batch("ev")
     metrics = result.metrics
     assert result.finished_task_count == 2
     assert metrics["mean@4"] == pytest.approx(0.25) and metrics["std@4"] == pytest.approx(0.25)
-    assert metrics["best@2"] == pytest.approx(5 / 12) and metrics["worst@2"] == pytest.approx(1 / 12)
+    assert metrics["best@2"] == pytest.approx(5 / 12) and metrics["worst@2"] == pytest.approx(
+        1 / 12
+    )
     assert metrics["pass@4"] == pytest.approx(0.5)
     assert await coord.finalize_eval_batch("ev") == result
 
 
-async def test_eval_timeout_cancels_stragglers_and_keeps_the_rest(store: Store, coord: RolloutCoordinator) -> None:
+async def test_eval_timeout_cancels_stragglers_and_keeps_the_rest(
+    store: Store, coord: RolloutCoordinator
+) -> None:
     await coord.submit_batch("ev", ["x", "y"], "eval", repeat_times=2)
     attempts = await claim_all(store)
     await finish(store, attempts, {"ev:0:0": 1.0, "ev:0:1": 1.0, "ev:1:0": 0.0})

@@ -31,12 +31,20 @@ def test_submit_finalize_list_and_experiences(tmp_path: Path) -> None:
     tasks.write_text("\n".join(json.dumps({"q": i}) for i in range(3)) + "\n")
     cli, app = CliRunner(), _app()
     env = {"ROLLFLEET_HOME": str(tmp_path / "home"), "COLUMNS": "200"}
-    out = cli.invoke(app, ["batches", "submit", str(tasks), "--batch", "s1", "--repeat", "2", "--store", url], env=env)
+    out = cli.invoke(
+        app,
+        ["batches", "submit", str(tasks), "--batch", "s1", "--repeat", "2", "--store", url],
+        env=env,
+    )
     assert out.exit_code == 0, out.output
     assert "submitted batch s1" in out.output
     with connect_sync(url) as store:
         for r in store.claim("w", max_n=10):
-            store.complete(r.attempt.attempt_id, AttemptStatus.SUCCEEDED, RolloutResult(reward=float(r.input["q"])))
+            store.complete(
+                r.attempt.attempt_id,
+                AttemptStatus.SUCCEEDED,
+                RolloutResult(reward=float(r.input["q"])),
+            )
     out = cli.invoke(app, ["batches", "finalize", "s1", "--store", url], env=env)
     assert out.exit_code == 0, out.output
     assert '"finished_task_count": 3' in out.output and "reward/mean" in out.output

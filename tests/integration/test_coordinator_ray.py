@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from support import require
 
 from rollfleet.client import connect
@@ -28,7 +27,9 @@ def ray_cluster() -> Iterator[Any]:
     ray.shutdown()
 
 
-async def test_actor_submits_and_finalizes_on_the_shared_store(ray_cluster: Any, tmp_path: Path) -> None:
+async def test_actor_submits_and_finalizes_on_the_shared_store(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
     url = f"sqlite:///{tmp_path.resolve()}/rf.db"
     actor = get_actor(url, name="coord-test", poll_interval_s=0.05)
     same = get_actor(url, name="coord-test")
@@ -40,12 +41,17 @@ async def test_actor_submits_and_finalizes_on_the_shared_store(ray_cluster: Any,
     try:
         for r in await store.claim("w", max_n=10):
             assert r.attempt is not None
-            await store.complete(r.attempt.attempt_id, AttemptStatus.SUCCEEDED, RolloutResult(reward=0.5))
+            await store.complete(
+                r.attempt.attempt_id, AttemptStatus.SUCCEEDED, RolloutResult(reward=0.5)
+            )
         result = await actor.finalize_train_batch.remote("s1", timeout=60)
-        assert isinstance(result, FinalizeResult) and result.finished_task_count == 2 and result.metrics["reward/mean"] == 0.5
+        assert (
+            isinstance(result, FinalizeResult)
+            and result.finished_task_count == 2
+            and result.metrics["reward/mean"] == 0.5
+        )
         assert (await store.get_state("batch/s1"))["state"] == "finalized"
     finally:
         await store.close()
         await actor.shutdown.remote()
         ray_cluster.kill(actor)
-

@@ -8,14 +8,18 @@ from pathlib import Path
 from rollfleet.client import connect
 from rollfleet.coordinator import BatchLifecycleState, RolloutCoordinator
 from rollfleet.model import AttemptStatus, RolloutConfig, RolloutResult, RolloutStatus
-from rollfleet.store.base import Store
 from rollfleet.store import open_sql_store
+from rollfleet.store.base import Store
 from rollfleet.testing import FakeClock
 
 
 async def claim_all(store: Store, worker: str = "w") -> dict[str, str]:
     """Claim everything queued; rollout id → attempt id."""
-    return {r.rollout_id: r.attempt.attempt_id for r in await store.claim(worker, max_n=500) if r.attempt}
+    return {
+        r.rollout_id: r.attempt.attempt_id
+        for r in await store.claim(worker, max_n=500)
+        if r.attempt
+    }
 
 
 async def finish(store: Store, attempts: dict[str, str], rewards: dict[str, float]) -> None:
@@ -73,7 +77,9 @@ async def test_carried_stragglers_survive_a_restart(tmp_path: Path) -> None:
         await store_b.close()
 
 
-async def test_resubmitting_after_a_crash_before_the_batch_was_saved_changes_nothing(tmp_path: Path) -> None:
+async def test_resubmitting_after_a_crash_before_the_batch_was_saved_changes_nothing(
+    tmp_path: Path,
+) -> None:
     store = connect(f"sqlite:///{tmp_path}/rf.db")
     try:
         await RolloutCoordinator(store).submit_batch("s1", ["a", "b"], repeat_times=2)
@@ -90,7 +96,9 @@ async def _live_worker(store: Store, stop: asyncio.Event) -> None:
     while not stop.is_set():
         for r in await store.claim("live", wait_s=0.2):
             assert r.attempt is not None
-            await store.complete(r.attempt.attempt_id, AttemptStatus.SUCCEEDED, RolloutResult(reward=1.0))
+            await store.complete(
+                r.attempt.attempt_id, AttemptStatus.SUCCEEDED, RolloutResult(reward=1.0)
+            )
 
 
 async def test_runner_killed_at_dispatch_does_not_stall_the_batch(tmp_path: Path) -> None:
@@ -98,7 +106,9 @@ async def test_runner_killed_at_dispatch_does_not_stall_the_batch(tmp_path: Path
     store = open_sql_store(f"sqlite:///{tmp_path}/rf.db", clock=clock)
     try:
         coord = RolloutCoordinator(store, poll_interval_s=0.05, reap_interval_s=0.0)
-        await coord.submit_batch("s1", ["a", "b", "c"], config=RolloutConfig(heartbeat_s=5.0, retry_delay_s=0))
+        await coord.submit_batch(
+            "s1", ["a", "b", "c"], config=RolloutConfig(heartbeat_s=5.0, retry_delay_s=0)
+        )
         (dead,) = await store.claim("dead", max_n=1)  # this runner dies right after the claim
         clock.advance(10.0)  # its lease lapses: no heartbeat came
         stop = asyncio.Event()

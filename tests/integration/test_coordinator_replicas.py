@@ -127,13 +127,17 @@ async def test_one_replica_leads_and_the_next_takes_over_when_its_connection_goe
             await store.close()
 
 
-async def test_a_replica_publishes_its_advertise_url_and_the_others_forward_there(pg_url: str) -> None:
+async def test_a_replica_publishes_its_advertise_url_and_the_others_forward_there(
+    pg_url: str,
+) -> None:
     from support import free_port
 
     ports = [free_port(), free_port()]
     advertised = [f"http://localhost:{p}" for p in ports]  # not the default http://127.0.0.1:PORT
-    servers = [ServeProcess(pg_url, "--advertise-url", url, port=p).start()
-               for url, p in zip(advertised, ports, strict=True)]
+    servers = [
+        ServeProcess(pg_url, "--advertise-url", url, port=p).start()
+        for url, p in zip(advertised, ports, strict=True)
+    ]
     store = HttpStore(servers[0].url)
     try:
         deadline = time.monotonic() + 30
@@ -143,7 +147,9 @@ async def test_a_replica_publishes_its_advertise_url_and_the_others_forward_ther
         assert found["url"] in advertised
         follower = servers[1 - advertised.index(found["url"])]
         through = CoordinatorClient(follower.url)
-        info = await through.submit_batch("adv", [{"q": 1}], "train")  # forwarded to the advertised URL
+        info = await through.submit_batch(
+            "adv", [{"q": 1}], "train"
+        )  # forwarded to the advertised URL
         assert info.expected_task_count == 1
         await through.close()
     finally:

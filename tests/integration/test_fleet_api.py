@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import runner_agents
 
 import rollfleet
-import runner_agents
 from rollfleet.model import RolloutSpec, RolloutStatus
 
 pytestmark = pytest.mark.timeout(120)
@@ -25,7 +25,9 @@ def test_thread_backend_runs_notebook_agents(tmp_path: Path) -> None:
 
 def test_local_backend_needs_an_importable_agent(tmp_path: Path) -> None:
     with pytest.raises(rollfleet.AgentError, match="package.module:function"):
-        rollfleet.run_workers(runner_agents.steps_agent, f"sqlite:///{tmp_path}/x.db", backend="local")
+        rollfleet.run_workers(
+            runner_agents.steps_agent, f"sqlite:///{tmp_path}/x.db", backend="local"
+        )
 
 
 def test_local_backend_with_embedded_store(tmp_path: Path) -> None:

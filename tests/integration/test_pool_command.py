@@ -28,17 +28,23 @@ async def test_command_pool_endpoint_is_starts_last_line_and_reset_cleans(tmp_pa
             assert first.endpoint is not None and first.endpoint.startswith(f"{tmp_path}/vms-0.")
             (Path(first.endpoint) / "dirty").write_text("x")
         async with pool.lease(timeout=10) as second:
-            assert second.endpoint == first.endpoint and not (Path(first.endpoint) / "dirty").exists()
+            assert (
+                second.endpoint == first.endpoint and not (Path(first.endpoint) / "dirty").exists()
+            )
     assert not Path(first.endpoint).exists()
 
 
 @pytest.mark.parametrize("marker", [".fail-reset", ".fail-check"])
-async def test_command_pool_replaces_an_instance_whose_reset_or_check_fails(tmp_path: Path, marker: str) -> None:
+async def test_command_pool_replaces_an_instance_whose_reset_or_check_fails(
+    tmp_path: Path, marker: str
+) -> None:
     async with Pool(CommandProvider(fleet(tmp_path)), 1, name="vms") as pool:
         async with pool.lease(timeout=10) as first:
             (Path(first.endpoint) / marker).write_text("x")  # type: ignore[arg-type]
         stats = await pool.wait_for(lambda s: s.replacements == 1 and s.states["IDLE"] == 1, 10)
-        assert "exited" in (stats.instances[0].last_error or "") or "check" in (stats.instances[0].last_error or "")
+        assert "exited" in (stats.instances[0].last_error or "") or "check" in (
+            stats.instances[0].last_error or ""
+        )
         async with pool.lease(timeout=10) as second:
             assert second.endpoint != first.endpoint and second.generation == 1
         assert not Path(first.endpoint).exists()  # type: ignore[arg-type]
@@ -56,6 +62,8 @@ async def test_command_failure_names_the_step_and_stderr(tmp_path: Path) -> None
 
 async def test_command_instance_id_is_passed_as_data_not_code(tmp_path: Path) -> None:
     out = tmp_path / "ids"
-    provider = CommandProvider(CommandSpec(start=f'printf "%s" "$ROLLFLEET_INSTANCE_ID" > "{out}"; echo ok'))
+    provider = CommandProvider(
+        CommandSpec(start=f'printf "%s" "$ROLLFLEET_INSTANCE_ID" > "{out}"; echo ok')
+    )
     await provider.start("x; touch pwned")
     assert out.read_text() == "x; touch pwned" and not Path("pwned").exists()

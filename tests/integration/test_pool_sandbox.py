@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from support import bubblewrap
 
 from rollfleet.pool.pool import Pool
 from rollfleet.pool.providers.sandbox import Sandbox, SandboxLimits, SandboxProvider
-from support import bubblewrap
 
 LIMITS = SandboxLimits(cpu_s=1, memory_mb=256, wall_s=20, test_s=3, max_output_bytes=4096)
 
@@ -29,13 +29,16 @@ async def sandbox(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
 
 
 async def test_sandbox_runs_code_and_reports_output_and_exit(sandbox: Sandbox) -> None:
-    result = await sandbox.run_code("import sys\nprint(input())\nprint('e', file=sys.stderr)\nsys.exit(3)",
-                                    stdin="hello\n")
+    result = await sandbox.run_code(
+        "import sys\nprint(input())\nprint('e', file=sys.stderr)\nsys.exit(3)", stdin="hello\n"
+    )
     assert (result.stdout, result.stderr, result.exit_code) == ("hello\n", "e\n", 3)
     assert not result.ok and not result.timed_out
 
 
-async def test_sandbox_does_not_inherit_secrets(sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_sandbox_does_not_inherit_secrets(
+    sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("ROLLFLEET_TEST_SECRET", "hunter2")
     result = await sandbox.run_code("import os; print(sorted(os.environ)); print(os.getcwd())")
     assert "ROLLFLEET_TEST_SECRET" not in result.stdout and "hunter2" not in result.stdout
@@ -51,7 +54,11 @@ async def test_sandbox_wall_timeout_kills_the_process_group(sandbox: Sandbox) ->
 
 async def test_sandbox_memory_limit_stops_a_hog(sandbox: Sandbox) -> None:
     result = await sandbox.run_code("x = bytearray(600 * 1024 * 1024)\nprint('allocated')")
-    assert result.exit_code != 0 and "MemoryError" in result.stderr and "allocated" not in result.stdout
+    assert (
+        result.exit_code != 0
+        and "MemoryError" in result.stderr
+        and "allocated" not in result.stdout
+    )
 
 
 async def test_sandbox_cpu_limit_stops_a_spinner(sandbox: Sandbox) -> None:
@@ -65,7 +72,13 @@ async def test_sandbox_output_is_capped(sandbox: Sandbox) -> None:
 
 
 async def test_sandbox_judge_scores_each_test(sandbox: Sandbox) -> None:
-    tests = ["add(1, 2) == 3", "add(-1, -2) == -3", "3 == add(1, 2) < 4", "not add(0, 0)", "add(1, 1) in (2, 5)"]
+    tests = [
+        "add(1, 2) == 3",
+        "add(-1, -2) == -3",
+        "3 == add(1, 2) < 4",
+        "not add(0, 0)",
+        "add(1, 1) in (2, 5)",
+    ]
     good = await sandbox.run_tests("def add(a, b):\n    return a + b\n", tests)
     assert good.passed == [True] * 5 and good.all_passed and good.import_error is None
     bad = await sandbox.run_tests("def add(a, b):\n    return a - b\n", tests)
@@ -74,11 +87,22 @@ async def test_sandbox_judge_scores_each_test(sandbox: Sandbox) -> None:
 
 
 async def test_sandbox_judge_compares_plain_values_of_every_kind(sandbox: Sandbox) -> None:
-    solution = ("def f(x):\n    return {'a': [1, (2, 3)], 'b': {4}, 'c': b'x', 'd': None, 'e': 2.5, 'f': 2**100}[x]\n"
-                "class Big(int):\n    def __eq__(self, other): return True\n"
-                "def g():\n    return Big(7)\n")
-    tests = ["f('a') == [1, (2, 3)]", "f('b') == {4}", "f('c') == b'x'", "f('d') is None", "f('e') == 2.5",
-             "f('f') == 2**100", "g() == 7", "g() == 8", "f('a') == [1, [2, 3]]"]
+    solution = (
+        "def f(x):\n    return {'a': [1, (2, 3)], 'b': {4}, 'c': b'x', 'd': None, 'e': 2.5, 'f': 2**100}[x]\n"
+        "class Big(int):\n    def __eq__(self, other): return True\n"
+        "def g():\n    return Big(7)\n"
+    )
+    tests = [
+        "f('a') == [1, (2, 3)]",
+        "f('b') == {4}",
+        "f('c') == b'x'",
+        "f('d') is None",
+        "f('e') == 2.5",
+        "f('f') == 2**100",
+        "g() == 7",
+        "g() == 8",
+        "f('a') == [1, [2, 3]]",
+    ]
     report = await sandbox.run_tests(solution, tests)
     # an int subclass is compared as the int it is, never through its own __eq__
     assert report.passed == [True, True, True, True, True, True, True, False, False]
@@ -92,6 +116,7 @@ async def test_sandbox_judge_fails_one_hung_test_and_goes_on(sandbox: Sandbox) -
 
 async def test_sandbox_file_names_cannot_escape(sandbox: Sandbox) -> None:
     from rollfleet.errors import InvalidInput
+
     with pytest.raises(InvalidInput, match="escapes"):
         sandbox.write_files({"../evil.py": "x"})
 

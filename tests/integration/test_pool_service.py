@@ -42,11 +42,19 @@ async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
         await asyncio.sleep(0.005)
 
 
-async def serve(registry: PoolRegistry, token: str | None = None) -> tuple[uvicorn.Server, asyncio.Task[None], str]:
+async def serve(
+    registry: PoolRegistry, token: str | None = None
+) -> tuple[uvicorn.Server, asyncio.Task[None], str]:
     """Start uvicorn for ``registry`` on a free port; wait until it listens."""
     port = free_port()
-    config = uvicorn.Config(pool_app(registry, token=token), host="127.0.0.1", port=port,
-                            log_level="warning", ws="none", lifespan="on")
+    config = uvicorn.Config(
+        pool_app(registry, token=token),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        ws="none",
+        lifespan="on",
+    )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     await until(lambda: server.started)
@@ -85,7 +93,9 @@ async def test_remote_acquire_renew_release_roundtrip(served: Served) -> None:
 async def test_unrenewed_lease_expires_and_the_instance_is_reset_and_reused(served: Served) -> None:
     async with RemotePool(served.url, "m", lease_s=0.3) as remote:
         first = await remote.acquire(5, attempt_id="dead-runner")
-        await until(lambda: served.registry.leases() == [] and served.pool.stats().states["IDLE"] == 1)
+        await until(
+            lambda: served.registry.leases() == [] and served.pool.stats().states["IDLE"] == 1
+        )
         assert served.provider.envs[0].resets == 1
         with pytest.raises(Conflict, match="expired"):
             await remote.renew(first)
@@ -162,6 +172,7 @@ async def test_unreachable_service_is_a_pool_error() -> None:
 
 async def test_registry_refuses_bad_lease_lengths_and_unknown_leases() -> None:
     from rollfleet.errors import InvalidInput
+
     async with PoolRegistry([(Pool(MemoryProvider(), 1, name="m"), 30.0)]) as registry:
         with pytest.raises(InvalidInput, match="lease_s"):
             await registry.acquire("m", lease_s=-1)

@@ -32,12 +32,17 @@ def refused(response: httpx.Response, field: str) -> None:
     ("body", "field"),
     [
         ({"batch_id": "b", "tasks": [1], "repeat_times": 10**9}, "repeat_times"),
-        ({"batch_id": "b", "tasks": list(range(1000)), "repeat_times": 1000}, "tasks x repeat_times"),
+        (
+            {"batch_id": "b", "tasks": list(range(1000)), "repeat_times": 1000},
+            "tasks x repeat_times",
+        ),
         ({"batch_id": "b", "tasks": [1], "config": {"heartbeat_s": 1e308}}, "heartbeat_s"),
         ({"batch_id": "b", "tasks": [1], "priority": 2**70}, "priority"),
     ],
 )
-def test_a_batch_over_a_cap_is_refused_and_nothing_is_queued(url: str, body: dict, field: str) -> None:
+def test_a_batch_over_a_cap_is_refused_and_nothing_is_queued(
+    url: str, body: dict, field: str
+) -> None:
     with httpx.Client(base_url=url, timeout=30) as http:
         refused(http.post("/batches", json=body), field)
         assert http.get("/statistics").json()["total_rollouts"] == 0
@@ -45,13 +50,20 @@ def test_a_batch_over_a_cap_is_refused_and_nothing_is_queued(url: str, body: dic
 
 @pytest.mark.parametrize(
     ("config", "field"),
-    [({"heartbeat_s": 1e308}, "heartbeat_s"), ({"timeout_s": 1e12}, "timeout_s"),
-     ({"max_attempts": 10**6}, "max_attempts")],
+    [
+        ({"heartbeat_s": 1e308}, "heartbeat_s"),
+        ({"timeout_s": 1e12}, "timeout_s"),
+        ({"max_attempts": 10**6}, "max_attempts"),
+    ],
 )
-def test_a_rollout_whose_lease_could_never_lapse_is_refused(url: str, config: dict, field: str) -> None:
+def test_a_rollout_whose_lease_could_never_lapse_is_refused(
+    url: str, config: dict, field: str
+) -> None:
     with httpx.Client(base_url=url, timeout=30) as http:
         refused(http.post("/rollouts", json={"input": {}, "config": config}), field)
-        refused(http.post("/rollouts/batch", json={"items": [{"input": {}, "config": config}]}), field)
+        refused(
+            http.post("/rollouts/batch", json={"items": [{"input": {}, "config": config}]}), field
+        )
         assert http.get("/statistics").json()["total_rollouts"] == 0
 
 

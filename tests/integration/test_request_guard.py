@@ -110,8 +110,15 @@ def test_a_declared_body_over_the_cap_is_refused_before_it_is_read(
 ) -> None:
     with connect(server.port) as sock:
         # 300 MiB announced, not one byte of it sent: the answer can only come before reading it
-        sock.sendall(head("POST", path, server.port, "content-type: application/json",
-                          f"content-length: {300 * 1024 * 1024}"))
+        sock.sendall(
+            head(
+                "POST",
+                path,
+                server.port,
+                "content-type: application/json",
+                f"content-length: {300 * 1024 * 1024}",
+            )
+        )
         status, headers, body = read_answer(sock)
         api_error(status, body, 413, "InvalidInput")
         assert headers["connection"] == "close"
@@ -137,8 +144,15 @@ def send_chunked_until_answered(sock: socket.socket, total: int) -> None:
 @pytest.mark.parametrize("path", ["/rollouts", "/rollouts/batch"])
 def test_a_chunked_body_is_counted_as_it_streams(server: ServerThread, path: str) -> None:
     with connect(server.port) as sock:
-        sock.sendall(head("POST", path, server.port, "content-type: application/json",
-                          "transfer-encoding: chunked"))
+        sock.sendall(
+            head(
+                "POST",
+                path,
+                server.port,
+                "content-type: application/json",
+                "transfer-encoding: chunked",
+            )
+        )
         send_chunked_until_answered(sock, 4 * CAP)
         status, headers, body = read_answer(sock)
         api_error(status, body, 413, "InvalidInput")
@@ -148,8 +162,15 @@ def test_a_chunked_body_is_counted_as_it_streams(server: ServerThread, path: str
 
 def test_a_chunked_body_under_the_cap_is_served(server: ServerThread) -> None:
     with connect(server.port) as sock:
-        sock.sendall(head("POST", "/rollouts/batch", server.port, "content-type: application/json",
-                          "transfer-encoding: chunked"))
+        sock.sendall(
+            head(
+                "POST",
+                "/rollouts/batch",
+                server.port,
+                "content-type: application/json",
+                "transfer-encoding: chunked",
+            )
+        )
         sock.sendall(b"%x\r\n%s\r\n0\r\n\r\n" % (len(BATCH), BATCH))
         status, _, body = read_answer(sock)
         assert status == 200, body
@@ -185,8 +206,10 @@ def test_a_cross_site_request_is_refused(
     assert total_rollouts(server) == 0
 
 
-@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded",
-                                          "multipart/form-data; boundary=x"])
+@pytest.mark.parametrize(
+    "content_type",
+    [None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"],
+)
 @pytest.mark.parametrize(
     "path", ["/rollouts/batch", "/claims", "/rollouts", "/dashboard/api/batches/b1/abort"]
 )
@@ -203,8 +226,11 @@ def test_same_origin_and_plain_clients_are_served(server: ServerThread) -> None:
     same_origin = {"origin": server.url, "sec-fetch-site": "same-origin"}
     with httpx.Client(base_url=server.url, timeout=10) as http:
         # the dashboard's own page: same origin, JSON, with a charset parameter
-        ok = http.post("/rollouts/batch", content=BATCH,
-                       headers={**same_origin, "content-type": "application/json; charset=utf-8"})
+        ok = http.post(
+            "/rollouts/batch",
+            content=BATCH,
+            headers={**same_origin, "content-type": "application/json; charset=utf-8"},
+        )
         assert ok.status_code == 200, ok.text
         rollout_id = ok.json()[0]["rollout_id"]
         # a body-less POST (the dashboard's cancel button) needs no content type
@@ -216,8 +242,16 @@ def test_same_origin_and_plain_clients_are_served(server: ServerThread) -> None:
         assert http.get("/statistics", headers={"origin": "http://evil.example"}).status_code == 200
 
 
-@pytest.mark.parametrize("host", ["evil.example", "evil.example:{port}", "127.0.0.1.evil.example",
-                                  "localhost:{port}@evil.example", "10.0.0.1:{port}"])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "evil.example",
+        "evil.example:{port}",
+        "127.0.0.1.evil.example",
+        "localhost:{port}@evil.example",
+        "10.0.0.1:{port}",
+    ],
+)
 @pytest.mark.parametrize(("method", "path"), [("GET", "/statistics"), ("POST", "/claims")])
 def test_a_foreign_host_is_refused_on_loopback(
     server: ServerThread, host: str, method: str, path: str
@@ -233,11 +267,22 @@ def test_a_foreign_host_is_refused_on_loopback(
         api_error(status, answer, 421, "InvalidInput")
 
 
-@pytest.mark.parametrize("host", ["localhost", "localhost:{port}", "127.0.0.1", "127.0.0.1:{port}",
-                                  "[::1]", "[::1]:{port}", "LOCALHOST:{port}"])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "localhost",
+        "localhost:{port}",
+        "127.0.0.1",
+        "127.0.0.1:{port}",
+        "[::1]",
+        "[::1]:{port}",
+        "LOCALHOST:{port}",
+    ],
+)
 def test_loopback_host_names_are_served(server: ServerThread, host: str) -> None:
-    answer = httpx.get(f"{server.url}/statistics", headers={"host": host.format(port=server.port)},
-                       timeout=10)
+    answer = httpx.get(
+        f"{server.url}/statistics", headers={"host": host.format(port=server.port)}, timeout=10
+    )
     assert answer.status_code == 200, answer.text
 
 
@@ -331,8 +376,14 @@ async def pool_url() -> AsyncIterator[str]:
     """The pool service over a one-instance memory pool, served on a loopback port."""
     registry = PoolRegistry([(Pool(MemoryProvider(), 1, name="m"), 30.0)])
     port = free_port()
-    config = uvicorn.Config(pool_app(registry), host="127.0.0.1", port=port, log_level="warning",
-                            lifespan="on", **uvicorn_options(GuardConfig()))
+    config = uvicorn.Config(
+        pool_app(registry),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        **uvicorn_options(GuardConfig()),
+    )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started:  # noqa: ASYNC110 - uvicorn has no event
@@ -344,8 +395,7 @@ async def pool_url() -> AsyncIterator[str]:
         await task
 
 
-SERVERS = {"gateway": (gateway_url, "/v1/chat/completions"),
-           "pool": (pool_url, "/pools/m/leases")}
+SERVERS = {"gateway": (gateway_url, "/v1/chat/completions"), "pool": (pool_url, "/pools/m/leases")}
 
 
 @pytest.mark.parametrize("which", sorted(SERVERS))

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from support import bubblewrap
 
 from rollfleet.envs.py import run_py_tests
 from rollfleet.envs.rag import RagIndex
 from rollfleet.envs.web import Browser, WebSite
 from rollfleet.pool import SandboxLimits, SandboxProvider
-from support import bubblewrap
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -31,7 +31,10 @@ async def test_web_browser_open_click_find_back() -> None:
     try:
         browser = Browser(site.url)
         home = await browser.open("/index.html")
-        assert home.startswith("Harbourside Books (/index.html)") and "[1] Catalogue -> /catalogue.html" in home
+        assert (
+            home.startswith("Harbourside Books (/index.html)")
+            and "[1] Catalogue -> /catalogue.html" in home
+        )
         fiction = await browser.click("1")
         fiction = await browser.click("Fiction")
         assert "The Tide Clock" in fiction and browser.url.endswith("/books/fiction.html")
@@ -39,7 +42,9 @@ async def test_web_browser_open_click_find_back() -> None:
         assert browser.find("pages") == "Pages: 198"
         assert "not on this page" in browser.find("dragon") and "Colm Dury" in book
         back = await browser.back()
-        assert back.startswith("Fiction") and (await browser.click("nothing like it")).startswith("error")
+        assert back.startswith("Fiction") and (await browser.click("nothing like it")).startswith(
+            "error"
+        )
         assert (await browser.open("http://example.com/")).startswith("error: only pages of")
         assert "HTTP 404" in await browser.open("/missing.html")
     finally:

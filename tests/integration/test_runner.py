@@ -6,8 +6,8 @@ import asyncio
 from pathlib import Path
 
 import pytest
-
 import runner_agents
+
 from rollfleet.errors import AgentError
 from rollfleet.model import AttemptStatus, RolloutSpec, RolloutStatus, WorkerStatus
 from rollfleet.runner.runner import Runner
@@ -23,7 +23,9 @@ async def store(tmp_path: Path) -> SqlStore:
     await s.close()
 
 
-async def run_until_done(store: SqlStore, runner: Runner, ids: list[str], timeout: float = 60) -> list:  # type: ignore[type-arg]
+async def run_until_done(
+    store: SqlStore, runner: Runner, ids: list[str], timeout: float = 60
+) -> list:  # type: ignore[type-arg]
     task = asyncio.create_task(runner.run())
     done = await store.wait_for_rollouts(ids, timeout)
     runner.stop()
@@ -35,25 +37,37 @@ async def test_results_steps_and_worker_state(store: SqlStore) -> None:
     made = await store.enqueue_many([RolloutSpec(input=i) for i in range(6)])
     runner = Runner(store, runner_agents.steps_agent, worker_id="w-a", concurrency=3)
     done = await run_until_done(store, runner, [r.rollout_id for r in made])
-    assert all(r.status is RolloutStatus.SUCCEEDED and r.result.metrics == {"turns": 3.0} for r in done)
+    assert all(
+        r.status is RolloutStatus.SUCCEEDED and r.result.metrics == {"turns": 3.0} for r in done
+    )
     assert done[2].result.output == {"echo": 2}
     steps = (await store.query_steps(done[0].rollout_id)).items
     assert [s.payload["i"] for s in steps] == [0, 1, 2]
     worker = (await store.query_workers()).items[0]
-    assert worker.worker_id == "w-a" and worker.rollouts_succeeded == 6 and worker.status is WorkerStatus.OFFLINE
+    assert (
+        worker.worker_id == "w-a"
+        and worker.rollouts_succeeded == 6
+        and worker.status is WorkerStatus.OFFLINE
+    )
 
 
 async def test_agent_errors_are_recorded_and_retried(store: SqlStore) -> None:
     made = await store.enqueue_rollout("t", config={"max_attempts": 2})
-    done = await run_until_done(store, Runner(store, runner_agents.failing_agent), [made.rollout_id])
+    done = await run_until_done(
+        store, Runner(store, runner_agents.failing_agent), [made.rollout_id]
+    )
     assert done[0].status is RolloutStatus.FAILED and "ValueError: bad task t" in done[0].error
     assert done[0].num_attempts == 2
 
 
 async def test_timeout_cancels_the_agent(store: SqlStore) -> None:
-    made = await store.enqueue_rollout({"duration": 3600}, config={"timeout_s": 0.2, "max_attempts": 1})
+    made = await store.enqueue_rollout(
+        {"duration": 3600}, config={"timeout_s": 0.2, "max_attempts": 1}
+    )
     done = await run_until_done(store, Runner(store, "rollfleet.agents.sleep"), [made.rollout_id])
-    assert done[0].status is RolloutStatus.FAILED and done[0].attempt.status is AttemptStatus.TIMEOUT
+    assert (
+        done[0].status is RolloutStatus.FAILED and done[0].attempt.status is AttemptStatus.TIMEOUT
+    )
 
 
 async def test_cancel_in_the_store_stops_the_agent(store: SqlStore) -> None:
@@ -92,12 +106,15 @@ async def test_class_agents_and_dict_results(store: SqlStore) -> None:
     assert done[0].result.reward == 2.0 and done[0].result.metrics == {"k": 1.0}
 
 
-@pytest.mark.parametrize(("ref", "message"), [
-    ("no_such_module_xyz:agent", "cannot import module"),
-    ("runner_agents:missing", "has no attribute 'missing'"),
-    ("runner_agents:not_async", "must be an async function"),
-    ("runner_agents:one_arg", "must take two arguments"),
-])
+@pytest.mark.parametrize(
+    ("ref", "message"),
+    [
+        ("no_such_module_xyz:agent", "cannot import module"),
+        ("runner_agents:missing", "has no attribute 'missing'"),
+        ("runner_agents:not_async", "must be an async function"),
+        ("runner_agents:one_arg", "must take two arguments"),
+    ],
+)
 async def test_broken_agents_fail_at_start(store: SqlStore, ref: str, message: str) -> None:
     with pytest.raises(AgentError, match=message):
         Runner(store, ref)
@@ -119,15 +136,20 @@ async def test_env_is_leased_around_each_rollout(store: SqlStore) -> None:
 
 async def test_agent_decorator_timeout_applies_when_the_rollout_sets_none(store: SqlStore) -> None:
     made = await store.enqueue_rollout("t", config={"max_attempts": 1})
-    done = await run_until_done(store, Runner(store, runner_agents.slow_with_default_timeout), [made.rollout_id])
+    done = await run_until_done(
+        store, Runner(store, runner_agents.slow_with_default_timeout), [made.rollout_id]
+    )
     assert done[0].attempt.status is AttemptStatus.TIMEOUT
 
 
-async def test_an_end_recorded_while_the_server_restarts_is_retried_not_lost(tmp_path: Path) -> None:
+async def test_an_end_recorded_while_the_server_restarts_is_retried_not_lost(
+    tmp_path: Path,
+) -> None:
     import logging
 
-    from rollfleet.client import HttpStore
     from support import ServeProcess, eventually
+
+    from rollfleet.client import HttpStore
 
     db = f"sqlite:///{tmp_path}/restart.db"
     server = ServeProcess(db).start()
@@ -155,7 +177,9 @@ async def test_an_end_recorded_while_the_server_restarts_is_retried_not_lost(tmp
         await asyncio.wait_for(retrying.wait(), 30)
         server = ServeProcess(db, port=server.port).start()
         done = (await client.wait_for_rollouts([made.rollout_id], 60))[0]
-        assert done.status is RolloutStatus.SUCCEEDED and done.num_attempts == 1  # the first attempt's end landed
+        assert (
+            done.status is RolloutStatus.SUCCEEDED and done.num_attempts == 1
+        )  # the first attempt's end landed
     finally:
         logging.getLogger("rollfleet.runner").removeHandler(seen)
         runner.stop()

@@ -19,10 +19,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from support import bubblewrap, eventually
 
 from rollfleet.envs.py import run_py_tests
 from rollfleet.pool.providers.sandbox import Sandbox, SandboxLimits, SandboxProvider
-from support import bubblewrap, eventually
 
 LIMITS = SandboxLimits(cpu_s=5, memory_mb=512, wall_s=20, test_s=5, processes=32)
 
@@ -117,7 +117,9 @@ async def test_cannot_reach_the_network(box: Sandbox) -> None:
 
 
 async def test_cannot_signal_a_process_outside(box: Sandbox) -> None:
-    victim = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    victim = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
     try:
         code = (
             "import os, signal\n"
@@ -199,7 +201,10 @@ async def test_a_daemon_does_not_survive_reset(provider: SandboxProvider, box: S
     result = await run  # the program ended (stdin closed); its daemons did not wait for it
     assert result.stdout == "started\n"
     assert daemons() == []  # the run's end took the whole PID namespace with it
-    long_run = asyncio.create_task(box.run_code(code.replace("sys.stdin.read()", "import time; time.sleep(60)")))
+    long_run = asyncio.create_task(
+        box.run_code(code.replace("sys.stdin.read()", "import time; time.sleep(60)"))
+    )
+
     async def started() -> list[int]:
         return daemons()
 
@@ -241,6 +246,7 @@ async def test_judge_killed_from_outside_is_an_infrastructure_failure(tmp_path: 
     tests = ["f() == 1"]
     slow = "import time\ndef f():\n    time.sleep(30)\n    return 1\n"
     run = asyncio.create_task(box.run_tests(slow, tests))
+
     async def running() -> bool:
         return bool(box._running)
 

@@ -46,7 +46,9 @@ async def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterat
         await asyncio.to_thread(server.stop)
 
 
-async def generate_while(url: str, rollout: Rollout, stop: Callable[[], Awaitable[Any]]) -> tuple[str | None, int, Any]:
+async def generate_while(
+    url: str, rollout: Rollout, stop: Callable[[], Awaitable[Any]]
+) -> tuple[str | None, int, Any]:
     """Stream a long generation as ``rollout``'s attempt; after its first tokens, run ``stop()``
     (concurrently: the stream is read meanwhile). Returns the finish reason, the number of
     tokens streamed and what ``stop()`` returned."""
@@ -55,8 +57,13 @@ async def generate_while(url: str, rollout: Rollout, stop: Callable[[], Awaitabl
     tokens, reason = 0, None
     async with llm_client(url, rollout.rollout_id, rollout.attempt.attempt_id) as llm:
         stream = await llm.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "count forever"}], max_tokens=MAX_TOKENS,
-            temperature=0, stream=True, extra_body={"ignore_eos": True})
+            model="tiny",
+            messages=[{"role": "user", "content": "count forever"}],
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
         async for chunk in stream:
             for choice in chunk.choices:
                 tokens += len((choice.model_extra or {}).get("token_ids") or [])
@@ -67,15 +74,23 @@ async def generate_while(url: str, rollout: Rollout, stop: Callable[[], Awaitabl
     return reason, tokens, await stopping
 
 
-async def stopped_generation(url: str, rollout: Rollout, stop: Awaitable[Any]) -> tuple[str | None, int, Any]:
+async def stopped_generation(
+    url: str, rollout: Rollout, stop: Awaitable[Any]
+) -> tuple[str | None, int, Any]:
     """:func:`generate_while`, failing the test if the generation is still running after a minute."""
     try:
-        return await asyncio.wait_for(generate_while(url, rollout, lambda: stop), GENERATION_BOUND_S)
+        return await asyncio.wait_for(
+            generate_while(url, rollout, lambda: stop), GENERATION_BOUND_S
+        )
     except TimeoutError:
-        pytest.fail(f"the generation ran on for {GENERATION_BOUND_S:.0f}s: cancelling its rollout did not abort it")
+        pytest.fail(
+            f"the generation ran on for {GENERATION_BOUND_S:.0f}s: cancelling its rollout did not abort it"
+        )
 
 
-async def test_aborting_a_batch_ends_its_rollouts_generation_with_partial_tokens(served: str) -> None:
+async def test_aborting_a_batch_ends_its_rollouts_generation_with_partial_tokens(
+    served: str,
+) -> None:
     coordinator, store = CoordinatorClient(served), HttpStore(served)
     try:
         await coordinator.submit_batch("abort-me", [{"q": 1}])
@@ -90,13 +105,21 @@ async def test_aborting_a_batch_ends_its_rollouts_generation_with_partial_tokens
         await store.close()
 
 
-async def test_the_cancel_policy_ends_a_stragglers_generation_with_partial_tokens(served: str) -> None:
+async def test_the_cancel_policy_ends_a_stragglers_generation_with_partial_tokens(
+    served: str,
+) -> None:
     coordinator, store = CoordinatorClient(served), HttpStore(served)
     try:
-        await coordinator.submit_batch("train-0", [{"q": 1}, {"q": 2}], min_wait_num=1, policy="cancel")
-        done, straggler = sorted(await store.claim("test-runner", max_n=2), key=lambda r: r.input["q"])
+        await coordinator.submit_batch(
+            "train-0", [{"q": 1}, {"q": 2}], min_wait_num=1, policy="cancel"
+        )
+        done, straggler = sorted(
+            await store.claim("test-runner", max_n=2), key=lambda r: r.input["q"]
+        )
         assert done.attempt is not None
-        await store.complete(done.attempt.attempt_id, AttemptStatus.SUCCEEDED, RolloutResult(reward=1.0))
+        await store.complete(
+            done.attempt.attempt_id, AttemptStatus.SUCCEEDED, RolloutResult(reward=1.0)
+        )
         finalized = coordinator.finalize_train_batch("train-0", timeout=120)
         reason, tokens, result = await stopped_generation(served, straggler, finalized)
         assert reason == "abort" and 1 <= tokens < MAX_TOKENS

@@ -27,13 +27,19 @@ def test_errors_are_json_with_the_right_status(server: ServerThread) -> None:
         assert missing.status_code == 404 and missing.json()["error"] == "NotFound"
         bad = http.post("/rollouts", json={"mode": "math"})  # no input
         assert bad.status_code == 422 and "input" in bad.json()["message"]
-        garbage = http.post("/rollouts/batch", content=b"{not json", headers={"content-type": "application/json"})
+        garbage = http.post(
+            "/rollouts/batch", content=b"{not json", headers={"content-type": "application/json"}
+        )
         assert garbage.status_code == 422
         wrong_type = http.post("/claims", json={"worker_id": "w", "max_n": "many"})
         assert wrong_type.status_code == 422 and "max_n" in wrong_type.json()["message"]
-        not_json = http.post("/claims", content=b"{nope", headers={"content-type": "application/json"})
+        not_json = http.post(
+            "/claims", content=b"{nope", headers={"content-type": "application/json"}
+        )
         assert not_json.status_code == 422 and not_json.json()["error"] == "InvalidInput"
-        bad_item = http.post("/attempts/complete", json={"items": [{"attempt_id": "a", "status": "exploded"}]})
+        bad_item = http.post(
+            "/attempts/complete", json={"items": [{"attempt_id": "a", "status": "exploded"}]}
+        )
         assert bad_item.status_code == 422 and "items.0.status" in bad_item.json()["message"]
         bad_status = http.post("/attempts/x/complete", json={"status": "exploded"})
         assert bad_status.status_code == 422
@@ -51,10 +57,14 @@ async def test_token_is_required_when_set(tmp_path: Path) -> None:
         anonymous = HttpStore(srv.url)
         with pytest.raises(Unauthorized):
             await anonymous.statistics()
-        with pytest.raises(Unauthorized):  # the runner's own calls take a leaner route: still checked
+        with pytest.raises(
+            Unauthorized
+        ):  # the runner's own calls take a leaner route: still checked
             await anonymous.claim("w")
         with pytest.raises(Unauthorized):
-            await anonymous.complete_many([Completion(attempt_id="at-x", status=AttemptStatus.SUCCEEDED)])
+            await anonymous.complete_many(
+                [Completion(attempt_id="at-x", status=AttemptStatus.SUCCEEDED)]
+            )
         await anonymous.close()
         authed = HttpStore(srv.url, token="s3cret")
         assert (await authed.statistics()).total_rollouts == 0

@@ -26,9 +26,16 @@ def data_url(png: bytes) -> str:
 
 def conversation(shots: list[bytes]) -> list[dict]:  # type: ignore[type-arg]
     """What an agent resends each turn: every screenshot so far, one user message each."""
-    return [{"role": "user", "content": [{"type": "text", "text": f"turn {i}"},
-                                         {"type": "image_url", "image_url": {"url": data_url(png)}}]}
-            for i, png in enumerate(shots)]
+    return [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": f"turn {i}"},
+                {"type": "image_url", "image_url": {"url": data_url(png)}},
+            ],
+        }
+        for i, png in enumerate(shots)
+    ]
 
 
 async def test_a_five_turn_screenshot_conversation_stores_each_image_once(case) -> None:  # type: ignore[no-untyped-def]
@@ -46,14 +53,18 @@ async def test_a_five_turn_screenshot_conversation_stores_each_image_once(case) 
     for step, original in zip(stored, sent, strict=True):
         text = orjson.dumps(step.payload)
         assert b"base64" not in text and len(text) < 3_000  # references, not 20 KB images
-        assert image_refs(step.payload) == [hashlib.sha256(p).hexdigest() for p in shots[: len(original["messages"])]]
+        assert image_refs(step.payload) == [
+            hashlib.sha256(p).hexdigest() for p in shots[: len(original["messages"])]
+        ]
     blobs = {h: await s.get_blob(h) for h in image_refs(stored[-1].payload)}
     assert [blobs[h].data for h in image_refs(stored[-1].payload)] == shots
     assert all(b.media_type == "image/png" for b in blobs.values())
     assert inline_images(stored[2].payload, blobs.__getitem__) == sent[2]  # what the model was sent
 
 
-async def test_an_unknown_blob_is_not_found_and_text_that_only_looks_like_an_image_stays_text(case) -> None:  # type: ignore[no-untyped-def]
+async def test_an_unknown_blob_is_not_found_and_text_that_only_looks_like_an_image_stays_text(
+    case,
+) -> None:  # type: ignore[no-untyped-def]
     from rollfleet.errors import NotFound
 
     s = case.store

@@ -8,7 +8,14 @@ import time
 import pytest
 
 from rollfleet.errors import Conflict, InvalidInput, NotFound
-from rollfleet.model import AttemptStatus, RolloutResult, RolloutSpec, RolloutStatus, StepIn, WorkerStatus
+from rollfleet.model import (
+    AttemptStatus,
+    RolloutResult,
+    RolloutSpec,
+    RolloutStatus,
+    StepIn,
+    WorkerStatus,
+)
 from rollfleet.store.base import Store
 
 pytestmark = pytest.mark.timeout(120)
@@ -32,7 +39,9 @@ async def test_enqueue_is_idempotent_by_rollout_id(case) -> None:  # type: ignor
 async def test_enqueue_many_is_all_or_nothing(case) -> None:  # type: ignore[no-untyped-def]
     s = case.store
     with pytest.raises(InvalidInput):
-        await s.enqueue_many([RolloutSpec(input=1, rollout_id="dup"), RolloutSpec(input=2, rollout_id="dup")])
+        await s.enqueue_many(
+            [RolloutSpec(input=1, rollout_id="dup"), RolloutSpec(input=2, rollout_id="dup")]
+        )
     assert (await s.statistics()).total_rollouts == 0
     made = await s.enqueue_many([RolloutSpec(input=i) for i in range(5)])
     assert [r.input for r in made] == list(range(5))
@@ -40,8 +49,13 @@ async def test_enqueue_many_is_all_or_nothing(case) -> None:  # type: ignore[no-
 
 async def test_claim_takes_priority_then_fifo(case) -> None:  # type: ignore[no-untyped-def]
     s = case.store
-    await s.enqueue_many([RolloutSpec(input="low-1", rollout_id="a"), RolloutSpec(input="high", rollout_id="b", priority=5),
-                          RolloutSpec(input="low-2", rollout_id="c")])
+    await s.enqueue_many(
+        [
+            RolloutSpec(input="low-1", rollout_id="a"),
+            RolloutSpec(input="high", rollout_id="b", priority=5),
+            RolloutSpec(input="low-2", rollout_id="c"),
+        ]
+    )
     got = await s.claim("w1", max_n=3)
     assert [r.rollout_id for r in got] == ["b", "a", "c"]
     assert all(r.status is RolloutStatus.PREPARING and r.attempt.worker_id == "w1" for r in got)
@@ -93,9 +107,17 @@ async def test_complete_records_result_once(case) -> None:  # type: ignore[no-un
     s = case.store
     await s.enqueue_rollout("x")
     r = await claim_one(s)
-    done = await s.complete(r.attempt.attempt_id, AttemptStatus.SUCCEEDED, RolloutResult(reward=0.5, metrics={"f1": 1}))
-    assert done.status is RolloutStatus.SUCCEEDED and done.result.reward == 0.5 and done.finished_at is not None
-    again = await s.complete(r.attempt.attempt_id, AttemptStatus.SUCCEEDED, RolloutResult(reward=0.5))
+    done = await s.complete(
+        r.attempt.attempt_id, AttemptStatus.SUCCEEDED, RolloutResult(reward=0.5, metrics={"f1": 1})
+    )
+    assert (
+        done.status is RolloutStatus.SUCCEEDED
+        and done.result.reward == 0.5
+        and done.finished_at is not None
+    )
+    again = await s.complete(
+        r.attempt.attempt_id, AttemptStatus.SUCCEEDED, RolloutResult(reward=0.5)
+    )
     assert again.status is RolloutStatus.SUCCEEDED  # a retried completion is answered, not refused
     with pytest.raises(Conflict):
         await s.complete(r.attempt.attempt_id, AttemptStatus.FAILED, error="late")
@@ -119,7 +141,9 @@ async def test_lost_lease_requeues_and_fences_the_old_attempt(case) -> None:  # 
         await s.add_steps(old.attempt.attempt_id, [StepIn(kind="llm")])
     reply = await s.heartbeat(old.attempt.attempt_id)
     assert not reply.keep_going and reply.status is AttemptStatus.LOST
-    done = await s.complete(new.attempt.attempt_id, AttemptStatus.SUCCEEDED, RolloutResult(reward=1))
+    done = await s.complete(
+        new.attempt.attempt_id, AttemptStatus.SUCCEEDED, RolloutResult(reward=1)
+    )
     assert done.status is RolloutStatus.SUCCEEDED and done.attempt.worker_id == "w2"
 
 
@@ -150,7 +174,9 @@ async def test_timeout_is_enforced_by_the_reaper(case) -> None:  # type: ignore[
 
 async def test_cancel_is_final_and_stops_the_attempt(case) -> None:  # type: ignore[no-untyped-def]
     s = case.store
-    await s.enqueue_many([RolloutSpec(input=1, rollout_id="queued"), RolloutSpec(input=2, rollout_id="running")])
+    await s.enqueue_many(
+        [RolloutSpec(input=1, rollout_id="queued"), RolloutSpec(input=2, rollout_id="running")]
+    )
     r = await s.claim("w1")
     assert r[0].rollout_id == "queued"
     cancelled = await s.cancel("queued")
@@ -171,7 +197,9 @@ async def test_cancel_is_final_and_stops_the_attempt(case) -> None:  # type: ign
 
 async def test_start_rollout_cannot_stay_preparing(case) -> None:  # type: ignore[no-untyped-def]
     s = case.store
-    started = await s.start_rollout({"prompt": "Task 1"}, "test", worker_id="dies", config={"heartbeat_s": 5})
+    started = await s.start_rollout(
+        {"prompt": "Task 1"}, "test", worker_id="dies", config={"heartbeat_s": 5}
+    )
     assert started.status is RolloutStatus.PREPARING and started.attempt.worker_id == "dies"
     assert await s.claim("w2") == []
     case.clock.advance(6)  # the caller died without a heartbeat
@@ -196,8 +224,12 @@ async def test_operator_requeue(case) -> None:  # type: ignore[no-untyped-def]
 
 async def test_query_filters_and_pagination(case) -> None:  # type: ignore[no-untyped-def]
     s = case.store
-    await s.enqueue_many([RolloutSpec(input=i, mode="math" if i % 2 else "py", batch_id="b1" if i < 6 else None)
-                          for i in range(10)])
+    await s.enqueue_many(
+        [
+            RolloutSpec(input=i, mode="math" if i % 2 else "py", batch_id="b1" if i < 6 else None)
+            for i in range(10)
+        ]
+    )
     got = await s.claim("w9", max_n=2)
     seen, cursor = [], None
     while True:
@@ -209,11 +241,15 @@ async def test_query_filters_and_pagination(case) -> None:  # type: ignore[no-un
     assert seen == list(range(10))
     assert [r.input for r in (await s.query_rollouts(mode="math")).items] == [1, 3, 5, 7, 9]
     assert len((await s.query_rollouts(batch_id="b1")).items) == 6
-    assert {r.rollout_id for r in (await s.query_rollouts(worker_id="w9")).items} == {r.rollout_id for r in got}
+    assert {r.rollout_id for r in (await s.query_rollouts(worker_id="w9")).items} == {
+        r.rollout_id for r in got
+    }
     assert len((await s.query_rollouts(status=[RolloutStatus.QUEUING])).items) == 8
     newest = await s.query_rollouts(order="desc", limit=2)
     assert [r.input for r in newest.items] == [9, 8]
-    assert (await s.query_rollouts(search=got[0].rollout_id[:12])).items[0].rollout_id == got[0].rollout_id
+    assert (await s.query_rollouts(search=got[0].rollout_id[:12])).items[0].rollout_id == got[
+        0
+    ].rollout_id
 
 
 async def test_steps_are_ordered_and_paged(case) -> None:  # type: ignore[no-untyped-def]
@@ -221,11 +257,16 @@ async def test_steps_are_ordered_and_paged(case) -> None:  # type: ignore[no-unt
     await s.enqueue_rollout("x")
     r = await claim_one(s)
     for chunk in range(3):
-        await s.add_steps(r.attempt.attempt_id, [StepIn(kind="llm", payload={"i": chunk * 2 + j}) for j in range(2)])
+        await s.add_steps(
+            r.attempt.attempt_id,
+            [StepIn(kind="llm", payload={"i": chunk * 2 + j}) for j in range(2)],
+        )
     page = await s.query_steps(r.rollout_id, limit=4)
     rest = await s.query_steps(r.rollout_id, cursor=page.next_cursor)
     steps = page.items + rest.items
-    assert [st.payload["i"] for st in steps] == list(range(6)) and [st.sequence for st in steps] == list(range(1, 7))
+    assert [st.payload["i"] for st in steps] == list(range(6)) and [
+        st.sequence for st in steps
+    ] == list(range(1, 7))
     assert all(st.attempt_id == r.attempt.attempt_id for st in steps)
 
 
@@ -240,7 +281,13 @@ async def test_steps_of_many_rollouts_in_one_paged_query(case) -> None:  # type:
     rest = await s.query_steps_many(wanted, cursor=page.next_cursor, limit=4)
     steps = page.items + rest.items
     assert [(st.rollout_id, st.sequence) for st in steps] == [
-        ("b:0", 1), ("b:0", 2), ("b:0", 3), ("b:2", 1), ("b:2", 2), ("b:2", 3)]
+        ("b:0", 1),
+        ("b:0", 2),
+        ("b:0", 3),
+        ("b:2", 1),
+        ("b:2", 2),
+        ("b:2", 3),
+    ]
     assert all(st.payload["r"] == st.rollout_id for st in steps) and rest.next_cursor is None
     assert (await s.query_steps_many([])).items == []
     with pytest.raises(InvalidInput, match="at most 1000 rollout ids"):
@@ -256,7 +303,9 @@ async def test_workers_registry_and_offline_detection(case) -> None:  # type: ig
     await s.enqueue_rollout("x", config={"heartbeat_s": 1000})
     r = await claim_one(s, "w1")
     workers = {w.worker_id: w for w in (await s.query_workers()).items}
-    assert workers["w1"].status is WorkerStatus.BUSY and workers["w1"].current_attempts == [r.attempt.attempt_id]
+    assert workers["w1"].status is WorkerStatus.BUSY and workers["w1"].current_attempts == [
+        r.attempt.attempt_id
+    ]
     assert workers["w2"].status is WorkerStatus.IDLE and workers["w1"].metadata == {"host": "a"}
     case.clock.advance(11)
     await s.heartbeat_many([r.attempt.attempt_id], "w1")
@@ -340,17 +389,28 @@ async def test_complete_many_answers_each_item(case) -> None:  # type: ignore[no
     s = case.store
     await s.enqueue_many([RolloutSpec(input=i) for i in range(3)])
     claimed = await s.claim("w1", max_n=3)
-    items = [Completion(attempt_id=r.attempt.attempt_id, status=AttemptStatus.SUCCEEDED,
-                        result=RolloutResult(reward=float(i))) for i, r in enumerate(claimed)]
+    items = [
+        Completion(
+            attempt_id=r.attempt.attempt_id,
+            status=AttemptStatus.SUCCEEDED,
+            result=RolloutResult(reward=float(i)),
+        )
+        for i, r in enumerate(claimed)
+    ]
     items.append(Completion(attempt_id="at-unknown", status=AttemptStatus.SUCCEEDED))
     await s.cancel(claimed[1].rollout_id)
     outcomes = await s.complete_many(items)
     assert [o.attempt_id for o in outcomes] == [i.attempt_id for i in items]
-    assert outcomes[0].rollout_status is RolloutStatus.SUCCEEDED and outcomes[0].rollout_id == claimed[0].rollout_id
+    assert (
+        outcomes[0].rollout_status is RolloutStatus.SUCCEEDED
+        and outcomes[0].rollout_id == claimed[0].rollout_id
+    )
     assert (await s.get_rollout(claimed[2].rollout_id)).result.reward == 2.0
     assert outcomes[1].error_type == "Conflict" and outcomes[1].rollout_status is None
     assert outcomes[3].error_type == "NotFound"
-    again = await s.complete_many(items[:1])  # a retried batch is answered the same, and changes nothing
+    again = await s.complete_many(
+        items[:1]
+    )  # a retried batch is answered the same, and changes nothing
     assert again[0].rollout_status is RolloutStatus.SUCCEEDED and again[0].error is None
 
 
@@ -358,11 +418,15 @@ async def test_claim_documents_are_rollouts_in_wire_form(case) -> None:  # type:
     from rollfleet.model import Rollout
 
     s = case.store
-    await s.enqueue_many([RolloutSpec(input={"n": i}, rollout_id=f"doc-{i}", priority=i) for i in range(3)])
+    await s.enqueue_many(
+        [RolloutSpec(input={"n": i}, rollout_id=f"doc-{i}", priority=i) for i in range(3)]
+    )
     docs = await s.claim_documents("w-docs", max_n=2)
     leased = [Rollout.model_validate(d) for d in docs]
     assert [r.rollout_id for r in leased] == ["doc-2", "doc-1"]  # highest priority first
-    assert all(r.status is RolloutStatus.PREPARING and r.attempt.worker_id == "w-docs" for r in leased)
+    assert all(
+        r.status is RolloutStatus.PREPARING and r.attempt.worker_id == "w-docs" for r in leased
+    )
     assert leased[0] == await s.get_rollout("doc-2")  # the document is exactly the stored record
 
 
@@ -408,7 +472,9 @@ async def test_training_reads_see_a_completion_only_once_it_is_on_disk(case, mon
         import os
 
         monkeypatch.setattr(os, "fdatasync", gate)
-    completing = asyncio.create_task(s.complete(r.attempt.attempt_id, AttemptStatus.SUCCEEDED, RolloutResult(reward=1)))
+    completing = asyncio.create_task(
+        s.complete(r.attempt.attempt_id, AttemptStatus.SUCCEEDED, RolloutResult(reward=1))
+    )
     if sqlite:
         assert await asyncio.to_thread(gate.entered.wait, 30)  # committed; its sync is held
         listed = await s.query_rollouts(status=[RolloutStatus.SUCCEEDED])
@@ -419,7 +485,9 @@ async def test_training_reads_see_a_completion_only_once_it_is_on_disk(case, mon
     waited = asyncio.create_task(s.wait_for_rollouts(["dur-1"], timeout=30))
     if sqlite:
         try:
-            done, _ = await asyncio.wait([got, waited, completing], timeout=0.5)  # a bounded wait for nothing
+            done, _ = await asyncio.wait(
+                [got, waited, completing], timeout=0.5
+            )  # a bounded wait for nothing
             assert not done, "a training read returned a completion that is not on disk yet"
         finally:
             gate.opened.set()

@@ -44,8 +44,9 @@ class DiskGate:
         self.real(fd)
 
 
-async def test_a_rollout_the_reaper_fails_is_read_only_once_synced(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_rollout_the_reaper_fails_is_read_only_once_synced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     clock = FakeClock()
     store = open_sql_store(f"sqlite:///{tmp_path}/r.db", clock=clock)
     gate = DiskGate()
@@ -74,8 +75,9 @@ async def test_a_rollout_the_reaper_fails_is_read_only_once_synced(tmp_path: Pat
         await store.close()
 
 
-async def test_a_durable_read_with_nothing_pending_costs_no_sync(tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_durable_read_with_nothing_pending_costs_no_sync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = open_sql_store(f"sqlite:///{tmp_path}/f.db")
     gate = DiskGate()
     monkeypatch.setattr(sqlite_backend.os, "fdatasync", gate)
@@ -93,8 +95,9 @@ async def test_a_durable_read_with_nothing_pending_costs_no_sync(tmp_path: Path,
         await store.close()
 
 
-async def test_postgres_reaper_pass_that_fails_a_rollout_commits_synchronously(pg_url: str,
-                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_postgres_reaper_pass_that_fails_a_rollout_commits_synchronously(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from rollfleet.store.postgres import PostgresTx
 
     seen: list[str] = []
@@ -138,8 +141,9 @@ async def test_postgres_commit_durably_overrides_an_asynchronous_write(pg_url: s
         await store.close()
 
 
-async def test_a_group_that_changed_nothing_leaves_nothing_to_wait_for(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_group_that_changed_nothing_leaves_nothing_to_wait_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = open_sql_store(f"sqlite:///{tmp_path}/n.db")
     gate = DiskGate()
     monkeypatch.setattr(sqlite_backend.os, "fdatasync", gate)

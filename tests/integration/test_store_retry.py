@@ -36,7 +36,9 @@ async def test_a_lost_attempt_comes_back_after_a_delay_that_doubles_with_jitter(
     for n, worker in enumerate(["w1", "w2", "w3"], start=1):
         await lose(case, "r", worker)
         r = await s.get_rollout("r")
-        assert r.status is RolloutStatus.QUEUING and r.attempts_lost == n and r.attempts_charged == 0
+        assert (
+            r.status is RolloutStatus.QUEUING and r.attempts_lost == n and r.attempts_charged == 0
+        )
         wait = r.available_at - case.clock()
         full = 2.0 * 2 ** (n - 1)
         assert full / 2 <= wait <= full, (n, wait)  # half fixed, half jitter
@@ -53,7 +55,9 @@ async def test_losses_spend_max_lost_not_the_rollouts_own_budget(case) -> None: 
     s = case.store
     await s.enqueue_many([spec("p", max_attempts=1, max_lost=3, retry_delay_s=0)])
     await lose(case, "p", "w1")
-    await lose(case, "p", "w2")  # with one budget for both, max_attempts=1 would have failed it here
+    await lose(
+        case, "p", "w2"
+    )  # with one budget for both, max_attempts=1 would have failed it here
     r = await s.get_rollout("p")
     assert r.status is RolloutStatus.QUEUING and not r.suspect  # 2 runners in a row: not yet
     await lose(case, "p", "w3")
@@ -95,8 +99,13 @@ async def test_a_runner_registering_again_takes_over_its_dead_predecessors_attem
         with pytest.raises(Conflict):  # the dead process's attempt is fenced
             await s.complete(r.attempt.attempt_id, AttemptStatus.SUCCEEDED)
     attempts = (await s.query_attempts(rollout_id=mine[0].rollout_id)).items
-    assert attempts[0].status is AttemptStatus.LOST and attempts[0].error == "lost with runner w1: it restarted"
-    assert (await s.get_rollout(other.rollout_id)).status is RolloutStatus.PREPARING  # w2's is its own
+    assert (
+        attempts[0].status is AttemptStatus.LOST
+        and attempts[0].error == "lost with runner w1: it restarted"
+    )
+    assert (
+        await s.get_rollout(other.rollout_id)
+    ).status is RolloutStatus.PREPARING  # w2's is its own
     again = await s.claim("w1", max_n=3)
     assert sorted(r.rollout_id for r in again) == sorted(r.rollout_id for r in mine)
 

@@ -14,8 +14,9 @@ from rollfleet.store import sqlite as sqlite_backend
 from rollfleet.store.sql_store import BULK
 
 
-async def test_a_durable_write_is_answered_only_after_the_wal_is_synced(tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_durable_write_is_answered_only_after_the_wal_is_synced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = open_sql_store(f"sqlite:///{tmp_path}/s.db")
     synced = asyncio.Event()
     real = os.fdatasync
@@ -43,8 +44,12 @@ async def test_writes_made_while_a_bulk_enqueue_runs_all_succeed(tmp_path: Path)
     claimed = [r for got in await asyncio.gather(*small) for r in got]
     assert len(await bulk) == BULK * 5
     assert claimed and claimed[0].status is RolloutStatus.PREPARING
-    outcomes = await store.complete_many([Completion(attempt_id=r.attempt.attempt_id, status=AttemptStatus.SUCCEEDED)
-                                          for r in claimed])
+    outcomes = await store.complete_many(
+        [
+            Completion(attempt_id=r.attempt.attempt_id, status=AttemptStatus.SUCCEEDED)
+            for r in claimed
+        ]
+    )
     assert all(o.rollout_status is RolloutStatus.SUCCEEDED for o in outcomes)
     stats = await store.statistics()
     assert stats.total_rollouts == BULK * 5 + 1 and stats.rollouts["succeeded"] == len(claimed)

@@ -20,7 +20,12 @@ from rollfleet.model import ACTIVE_ATTEMPT, AttemptStatus, RolloutResult, Rollou
 from rollfleet.store import open_sql_store
 from rollfleet.testing import FakeClock
 
-OUTCOMES = [AttemptStatus.SUCCEEDED, AttemptStatus.FAILED, AttemptStatus.TIMEOUT, AttemptStatus.CANCELLED]
+OUTCOMES = [
+    AttemptStatus.SUCCEEDED,
+    AttemptStatus.FAILED,
+    AttemptStatus.TIMEOUT,
+    AttemptStatus.CANCELLED,
+]
 
 
 class StoreMachine(RuleBasedStateMachine):
@@ -41,8 +46,13 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(n=st.integers(1, 3), max_attempts=st.integers(1, 3))
     def enqueue(self, n: int, max_attempts: int) -> None:
-        specs = [RolloutSpec(input=len(self.rollouts) + i, config={"heartbeat_s": 10, "max_attempts": max_attempts})
-                 for i in range(n)]
+        specs = [
+            RolloutSpec(
+                input=len(self.rollouts) + i,
+                config={"heartbeat_s": 10, "max_attempts": max_attempts},
+            )
+            for i in range(n)
+        ]
         self.rollouts += [r.rollout_id for r in self.run(self.store.enqueue_many(specs))]
 
     @rule(worker=st.sampled_from(["w1", "w2", "w3"]), n=st.integers(1, 3))
@@ -98,20 +108,26 @@ class StoreMachine(RuleBasedStateMachine):
         for rid in self.rollouts:
             status = self.run(self.store.get_rollout(rid)).status
             if rid in self.final:
-                assert status is self.final[rid], f"terminal {rid} changed {self.final[rid]} → {status}"
+                assert status is self.final[rid], (
+                    f"terminal {rid} changed {self.final[rid]} → {status}"
+                )
             elif status.terminal:
                 self.final[rid] = status
 
     def teardown(self) -> None:
         try:
-            for _ in range(50):  # drive everything home: claim and finish until no rollout is left open
+            for _ in range(
+                50
+            ):  # drive everything home: claim and finish until no rollout is left open
                 self.clock.advance(11)
                 self.run(self.store.reap())
                 for r in self.run(self.store.claim("finisher", max_n=100)):
                     self.run(self.store.complete(r.attempt.attempt_id, AttemptStatus.SUCCEEDED))
                 if all(self.run(self.store.get_rollout(rid)).terminal for rid in self.rollouts):
                     break
-            open_ = [rid for rid in self.rollouts if not self.run(self.store.get_rollout(rid)).terminal]
+            open_ = [
+                rid for rid in self.rollouts if not self.run(self.store.get_rollout(rid)).terminal
+            ]
             assert not open_, f"rollouts never reached a terminal state: {open_}"
             with_missing = [rid for rid in self.rollouts if rid not in self.final]
             for rid in with_missing:
@@ -124,6 +140,10 @@ class StoreMachine(RuleBasedStateMachine):
             self.dir.cleanup()
 
 
-StoreMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=30, deadline=None,
-                                          suppress_health_check=[HealthCheck.too_slow])
+StoreMachine.TestCase.settings = settings(
+    max_examples=100,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 test_store_state_machine = StoreMachine.TestCase

@@ -14,8 +14,14 @@ ROLLFLEET = str(Path(sys.executable).with_name("rollfleet"))
 
 
 def test_runner_children_get_the_token_in_their_environment_not_their_argv() -> None:
-    fleet = LocalFleet("http://127.0.0.1:1", "rollfleet.agents.sleep", n=1, token="s3cret-token",
-                       llm_token="sk-llm-key", extra_args=["--llm-url", "http://127.0.0.1:2/v1"])
+    fleet = LocalFleet(
+        "http://127.0.0.1:1",
+        "rollfleet.agents.sleep",
+        n=1,
+        token="s3cret-token",
+        llm_token="sk-llm-key",
+        extra_args=["--llm-url", "http://127.0.0.1:2/v1"],
+    )
     argv = fleet._argv(fleet.children[0])
     assert not any("s3cret-token" in arg or "sk-llm-key" in arg for arg in argv)
     assert fleet._env()["ROLLFLEET_TOKEN"] == "s3cret-token"
@@ -31,20 +37,26 @@ def test_runner_children_get_the_token_in_their_environment_not_their_argv() -> 
 )
 def test_a_server_refuses_a_non_loopback_address_without_a_token(command: list[str]) -> None:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(Path.home())}  # no ROLLFLEET_TOKEN inherited
-    done = subprocess.run([ROLLFLEET, *command], capture_output=True, text=True, timeout=120, env=env)
+    done = subprocess.run(
+        [ROLLFLEET, *command], capture_output=True, text=True, timeout=120, env=env
+    )
     assert done.returncode != 0
     assert "refusing to serve on 0.0.0.0 without a token" in done.stdout + done.stderr
     assert "Traceback" not in done.stdout + done.stderr
 
 
-async def test_runner_children_reach_a_control_plane_that_requires_the_token(tmp_path: Path) -> None:
+async def test_runner_children_reach_a_control_plane_that_requires_the_token(
+    tmp_path: Path,
+) -> None:
     import asyncio
 
     from rollfleet.client import HttpStore
     from rollfleet.model import RolloutStatus
     from rollfleet.server.embedded import ServerThread
 
-    server = await asyncio.to_thread(ServerThread(f"sqlite:///{tmp_path}/t.db", token="s3cret").start)
+    server = await asyncio.to_thread(
+        ServerThread(f"sqlite:///{tmp_path}/t.db", token="s3cret").start
+    )
     store = HttpStore(server.url, token="s3cret")
     fleet = LocalFleet(server.url, "rollfleet.agents.sleep", n=1, token="s3cret", grace_s=5.0)
     running = asyncio.create_task(fleet.run())

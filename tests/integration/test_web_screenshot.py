@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from openai.types.chat import ChatCompletion
 from PIL import Image
+from support import chromium_path, require
 
 from rollfleet.envs import EnvSpec, build_env_source
 from rollfleet.envs.web import WebMode, WebSite
@@ -22,11 +23,14 @@ from rollfleet.model import RolloutSpec, RolloutStatus
 from rollfleet.run.orchestrate import RunOptions, preflight
 from rollfleet.runner.runner import Runner
 from rollfleet.store import open_sql_store
-from support import chromium_path, require
 
 pytestmark = pytest.mark.timeout(120)
 TASK = {"question": "What is the name of the shop cat?", "answer": "Binnacle"}
-REPLIES = ['CALL open_url {"url": "/index.html"}', 'CALL click {"link": "About us"}', "ANSWER: Binnacle"]
+REPLIES = [
+    'CALL open_url {"url": "/index.html"}',
+    'CALL click {"link": "About us"}',
+    "ANSWER: Binnacle",
+]
 
 
 def chromium() -> None:
@@ -48,8 +52,14 @@ class PlainTextModel:
     async def create(self, **request: Any) -> ChatCompletion:
         self.seen.append(request["messages"])
         reply = REPLIES[len(self.seen) - 1]
-        choice = {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": reply}}
-        return ChatCompletion(id="x", object="chat.completion", created=0, model="m", choices=[choice])  # type: ignore[list-item]
+        choice = {
+            "index": 0,
+            "finish_reason": "stop",
+            "message": {"role": "assistant", "content": reply},
+        }
+        return ChatCompletion(
+            id="x", object="chat.completion", created=0, model="m", choices=[choice]
+        )  # type: ignore[list-item]
 
 
 async def browse(tmp_path: Path, observation: str) -> tuple[Any, PlainTextModel]:
@@ -57,9 +67,22 @@ async def browse(tmp_path: Path, observation: str) -> tuple[Any, PlainTextModel]
     store = open_sql_store(f"sqlite:///{tmp_path}/s.db")
     model, env = PlainTextModel(), build_env_source(EnvSpec(mode="web"))
     try:
-        [made] = await store.enqueue_many([RolloutSpec(
-            input=TASK, mode="web", metadata={"run": {"max_turns": 5, "observation": observation}})])
-        runner = Runner(store, "rollfleet.agents.loop:agent", worker_id="w", llm_factory=lambda r: model, env=env)
+        [made] = await store.enqueue_many(
+            [
+                RolloutSpec(
+                    input=TASK,
+                    mode="web",
+                    metadata={"run": {"max_turns": 5, "observation": observation}},
+                )
+            ]
+        )
+        runner = Runner(
+            store,
+            "rollfleet.agents.loop:agent",
+            worker_id="w",
+            llm_factory=lambda r: model,
+            env=env,
+        )
         running = asyncio.create_task(runner.run())
         [done] = await store.wait_for_rollouts([made.rollout_id], 60)
         runner.stop()
@@ -79,14 +102,22 @@ def screenshot(message: dict[str, Any]) -> Image.Image:
     return Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
 
 
-async def test_web_screenshot_observation_shows_each_page_rendered_by_chromium(tmp_path: Path) -> None:
+async def test_web_screenshot_observation_shows_each_page_rendered_by_chromium(
+    tmp_path: Path,
+) -> None:
     chromium()
     done, model = await browse(tmp_path, "screenshot")
     assert done.result.reward == 1.0 and len(model.seen) == 3
     home_text, home_shot = model.seen[1][-2:]
     about_text, about_shot = model.seen[2][-2:]
-    assert home_text["content"] == "Observation from open_url:\nHarbourside Books (/index.html); its screenshot follows"
-    assert about_text["content"] == "Observation from click:\nAbout us (/about.html); its screenshot follows"
+    assert (
+        home_text["content"]
+        == "Observation from open_url:\nHarbourside Books (/index.html); its screenshot follows"
+    )
+    assert (
+        about_text["content"]
+        == "Observation from click:\nAbout us (/about.html); its screenshot follows"
+    )
     home, about = screenshot(home_shot), screenshot(about_shot)
     assert home.size == about.size == (1024, 768) and home.format == "PNG"
     assert home.tobytes() != about.tobytes()  # a new page, a new picture
@@ -113,9 +144,12 @@ async def test_web_text_observation_starts_no_chromium(tmp_path: Path) -> None:
 
 
 async def test_missing_chromium_with_the_screenshot_observation_is_a_clear_error(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("ROLLFLEET_CHROMIUM", str(tmp_path / "no-chromium"))
-    with pytest.raises(PoolError, match="web screenshots need Chromium, and there is none at .*no-chromium"):
+    with pytest.raises(
+        PoolError, match="web screenshots need Chromium, and there is none at .*no-chromium"
+    ):
         preflight(RunOptions(mode="web", data=tmp_path / "t.jsonl", observation="screenshot"))
     preflight(RunOptions(mode="web", data=tmp_path / "t.jsonl"))  # text needs no Chromium
     site = WebSite().start()

@@ -133,7 +133,9 @@ async def test_a_full_push_missing_a_tensor_is_422_naming_it(hf_served) -> None:
     assert engine.version == 1
 
 
-async def test_an_unknown_or_misshaped_tensor_in_a_delta_is_422_and_changes_nothing(hf_served) -> None:
+async def test_an_unknown_or_misshaped_tensor_in_a_delta_is_422_and_changes_nothing(
+    hf_served,
+) -> None:
     url, _, engine = hf_served
     before, old = await greedy(engine), served_state(engine)
     layer = [(n, t) for n, t in state(1).items() if n.startswith(LAYER1)]  # valid, sent first

@@ -26,21 +26,33 @@ def state(seed: int) -> list[tuple[str, Any]]:
 
 
 @pytest.mark.parametrize("transport", ["http", "file"])
-async def test_a_push_during_generation_fails_none_and_matches_a_fresh_engine(hf_served, transport) -> None:
+async def test_a_push_during_generation_fails_none_and_matches_a_fresh_engine(
+    hf_served, transport
+) -> None:
     """Over the wire (the body streams) and on this host (shared memory, the path is sent)."""
     from rollfleet.engines.hf import HFEngine, tiny_hf_model
 
     url, gateway, engine = hf_served
     before = await greedy(engine)
-    running = [asyncio.create_task(gateway.generate(GenerationRequest(
-        prompt=f"p{i}", params=SamplingParams(max_tokens=40, ignore_eos=True)))) for i in range(8)]
+    running = [
+        asyncio.create_task(
+            gateway.generate(
+                GenerationRequest(
+                    prompt=f"p{i}", params=SamplingParams(max_tokens=40, ignore_eos=True)
+                )
+            )
+        )
+        for i in range(8)
+    ]
     answer = await push_weights(url, state(1), version=1, token="s3cret", transport=transport)
     done = await asyncio.gather(*running)
     assert all(len(g.completion_token_ids) == 40 for g in done)  # none failed or was cut
     assert answer["version"] == 1 and answer["replicas"][0]["weights_version"] == 1
     assert gateway.weights_version == engine.version == 1
     async with httpx.AsyncClient() as client:
-        listed = (await client.get(url + "/v1/models", headers={"authorization": "Bearer s3cret"})).json()
+        listed = (
+            await client.get(url + "/v1/models", headers={"authorization": "Bearer s3cret"})
+        ).json()
     assert [m["weights_version"] for m in listed["data"]] == [1]
     fresh = HFEngine(*tiny_hf_model(seed=1))
     await fresh.start()
@@ -73,8 +85,11 @@ async def test_bad_tensors_and_corrupt_buckets_are_422_naming_them(hf_served) ->
     raw = bytearray(b"".join(bytes(p) for p in encode(good)))
     raw[-100] ^= 0x01
     async with httpx.AsyncClient() as client:
-        reply = await client.put(weights_url(url, 1), content=bytes(raw), headers={
-            "content-type": "application/octet-stream", "authorization": "Bearer s3cret"})
+        reply = await client.put(
+            weights_url(url, 1),
+            content=bytes(raw),
+            headers={"content-type": "application/octet-stream", "authorization": "Bearer s3cret"},
+        )
     assert reply.status_code == 422 and "corrupt" in reply.json()["error"]["message"]
     assert engine.version == 0 and await greedy(engine) == before  # nothing was half-applied
 
@@ -84,8 +99,11 @@ async def test_a_push_needs_the_token_and_the_octet_stream_type(hf_served) -> No
     with pytest.raises(Exception, match="(?i)token|unauthori"):
         await push_weights(url, state(1), version=1)
     async with httpx.AsyncClient() as client:
-        reply = await client.put(weights_url(url, 1), content=b"{}", headers={
-            "content-type": "application/json", "authorization": "Bearer s3cret"})
+        reply = await client.put(
+            weights_url(url, 1),
+            content=b"{}",
+            headers={"content-type": "application/json", "authorization": "Bearer s3cret"},
+        )
     assert reply.status_code == 415
     assert engine.version == 0
 
@@ -128,7 +146,9 @@ async def test_in_process_push_goes_straight_to_the_gateway(hf_served) -> None:
     assert answer["version"] == 2 and engine.version == 2
 
 
-async def test_a_push_file_must_be_one_this_user_wrote_in_the_push_directory(hf_served, tmp_path) -> None:
+async def test_a_push_file_must_be_one_this_user_wrote_in_the_push_directory(
+    hf_served, tmp_path
+) -> None:
     """The path a client names is untrusted: only a regular file of the server's user, named
     like a push file, directly in the push directory, is read."""
     import os
@@ -143,14 +163,20 @@ async def test_a_push_file_must_be_one_this_user_wrote_in_the_push_directory(hf_
     elsewhere.write_bytes(Path(real).read_bytes())
     try:
         async with httpx.AsyncClient() as client:
-            for path, why in [(link, "cannot open"), (str(elsewhere), "not a push file"),
-                              ("/etc/passwd", "not a push file"),
-                              (os.path.join(push_dir(), "..", "x.rfw"), "not a push file")]:
-                reply = await client.put(weights_url(url, 1), headers={
-                    FILE_HEADER: path, "authorization": "Bearer s3cret"})
+            for path, why in [
+                (link, "cannot open"),
+                (str(elsewhere), "not a push file"),
+                ("/etc/passwd", "not a push file"),
+                (os.path.join(push_dir(), "..", "x.rfw"), "not a push file"),
+            ]:
+                reply = await client.put(
+                    weights_url(url, 1),
+                    headers={FILE_HEADER: path, "authorization": "Bearer s3cret"},
+                )
                 assert reply.status_code == 422 and why in reply.json()["error"]["message"], path
-            reply = await client.put(weights_url(url, 1), headers={
-                FILE_HEADER: real, "authorization": "Bearer s3cret"})
+            reply = await client.put(
+                weights_url(url, 1), headers={FILE_HEADER: real, "authorization": "Bearer s3cret"}
+            )
             assert reply.status_code == 200 and engine.version == 1
     finally:
         os.unlink(link)
@@ -184,8 +210,9 @@ async def test_a_push_file_round_trips_and_a_flipped_byte_in_it_is_422_naming_th
             file.write(bytes([byte ^ 0x01]))
         last = sum(isinstance(p, bytes) for p in encode(sent, 1 << 16)) - 3  # magic, end marker
         async with httpx.AsyncClient() as client:
-            reply = await client.put(weights_url(url, 1), headers={
-                FILE_HEADER: path, "authorization": "Bearer s3cret"})
+            reply = await client.put(
+                weights_url(url, 1), headers={FILE_HEADER: path, "authorization": "Bearer s3cret"}
+            )
         assert reply.status_code == 422 and last > 0
         assert f"bucket {last} is corrupt (xxh3_64 mismatch)" in reply.json()["error"]["message"]
         assert engine.version == 0 and await greedy(engine) == before
@@ -201,7 +228,10 @@ async def test_an_old_format_push_is_422_naming_the_format(hf_served) -> None:
     head = json.dumps({"tensors": [["model.norm.weight", "float32", [1], 4]], "crc32": 0}).encode()
     old = b"RFW1" + struct.pack("<I", len(head)) + head + bytes(4) + struct.pack("<I", 0)
     async with httpx.AsyncClient() as client:
-        reply = await client.put(weights_url(url, 1), content=old, headers={
-            "content-type": "application/octet-stream", "authorization": "Bearer s3cret"})
+        reply = await client.put(
+            weights_url(url, 1),
+            content=old,
+            headers={"content-type": "application/octet-stream", "authorization": "Bearer s3cret"},
+        )
     assert reply.status_code == 422 and "old RFW1" in reply.json()["error"]["message"]
     assert engine.version == 0

@@ -30,7 +30,10 @@ def test_cluster_address_parse_round_trip() -> None:
     assert WorkerAddress.from_name("G") == WorkerAddress("G")
 
 
-@given(st.text(alphabet=st.characters(blacklist_characters=":"), min_size=1), st.lists(st.integers(0, 10_000), max_size=5))
+@given(
+    st.text(alphabet=st.characters(blacklist_characters=":"), min_size=1),
+    st.lists(st.integers(0, 10_000), max_size=5),
+)
 def test_cluster_address_parse_inverts_get_name(root: str, ranks: list[int]) -> None:
     address = WorkerAddress(root, tuple(ranks))
     assert WorkerAddress.parse(address.get_name()) == address
@@ -51,8 +54,17 @@ def test_cluster_address_root_has_no_rank_or_parent() -> None:
 
 def test_cluster_worker_info_env_has_torch_distributed_variables() -> None:
     info = WorkerInfo(
-        address=WorkerAddress("G", (3,)), rank=3, world_size=4, node_id="n", node_ip="10.0.0.2",
-        local_rank=1, local_world_size=2, gpu_id=2, available_gpus=(2, 3), master_addr="10.0.0.1", master_port=29500,
+        address=WorkerAddress("G", (3,)),
+        rank=3,
+        world_size=4,
+        node_id="n",
+        node_ip="10.0.0.2",
+        local_rank=1,
+        local_world_size=2,
+        gpu_id=2,
+        available_gpus=(2, 3),
+        master_addr="10.0.0.1",
+        master_port=29500,
     )
     env = info.env()
     assert env["MASTER_ADDR"] == "10.0.0.1"

@@ -7,12 +7,12 @@ import sys
 from typing import Any
 
 import pytest
+from support import require
 
 import rollfleet.cluster as cluster
 from rollfleet.cluster import Worker
 from rollfleet.cluster.worker import group_methods
 from rollfleet.errors import ClusterError, InvalidInput
-from support import require
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
 
@@ -25,8 +25,21 @@ def _scatter(*args: Any) -> Any:
 
 
 def test_cluster_public_names_are_exported() -> None:
-    expected = {"Cluster", "Worker", "WorkerInfo", "WorkerAddress", "WorkerGroup", "Channel", "create_channel",
-                "connect_channel", "PackedPlacement", "CpuPlacement", "ExplicitPlacement", "ChannelEmpty", "ChannelFull"}
+    expected = {
+        "Cluster",
+        "Worker",
+        "WorkerInfo",
+        "WorkerAddress",
+        "WorkerGroup",
+        "Channel",
+        "create_channel",
+        "connect_channel",
+        "PackedPlacement",
+        "CpuPlacement",
+        "ExplicitPlacement",
+        "ChannelEmpty",
+        "ChannelFull",
+    }
     assert expected <= set(cluster.__all__)
     require(HAVE_RAY, "Ray (pip install 'rollfleet[cluster]')")
     assert all(hasattr(cluster, name) for name in cluster.__all__)
@@ -70,7 +83,10 @@ def test_cluster_worker_outside_a_group_says_so() -> None:
 
 def test_cluster_scatter_splits_lists_and_broadcasts_the_rest() -> None:
     calls = _scatter(([1, 2], "shared"), {"k": ["a", "b"], "flag": True}, 2, "m")
-    assert calls == [((1, "shared"), {"k": "a", "flag": True}), ((2, "shared"), {"k": "b", "flag": True})]
+    assert calls == [
+        ((1, "shared"), {"k": "a", "flag": True}),
+        ((2, "shared"), {"k": "b", "flag": True}),
+    ]
 
 
 def test_cluster_scatter_rejects_a_list_of_the_wrong_length() -> None:

@@ -7,9 +7,9 @@ import importlib.util
 from typing import Any
 
 import pytest
+from support import require
 
 from rollfleet.cluster import channel_actor as ca
-from support import require
 
 
 def codec() -> Any:
@@ -97,6 +97,8 @@ def test_cluster_small_items_travel_inline(item: object) -> None:
 
 def test_cluster_lambda_items_use_cloudpickle() -> None:
     channel = codec()
-    payload = channel._encode([lambda x: x + 1], 1 << 16)  # plain pickle fails, cloudpickle takes over
+    payload = channel._encode(
+        [lambda x: x + 1], 1 << 16
+    )  # plain pickle fails, cloudpickle takes over
     assert payload[0] == "p"
     assert channel._decode_all([payload], [])[0][0](1) == 2

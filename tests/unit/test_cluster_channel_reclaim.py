@@ -106,7 +106,9 @@ async def test_two_waiting_gets_and_one_item_one_gets_it_the_other_waits_on(serv
     await actor.put("k", [small("one")], False, None)
     await until(lambda: parked(actor, 1))
     await actor.put("k", [small("two")], False, None)
-    answers = sorted([await lane.read_message(first.reader), await lane.read_message(second.reader)])
+    answers = sorted(
+        [await lane.read_message(first.reader), await lane.read_message(second.reader)]
+    )
     assert answers == [(ca.OK, [("p", "one")]), (ca.OK, [("p", "two")])]
 
 

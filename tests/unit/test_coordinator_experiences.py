@@ -11,11 +11,23 @@ from rollfleet.errors import InvalidInput
 from rollfleet.model import Step
 
 
-def _llm(seq: int, prompt: list[int], completion: list[int], logprobs: list[float] | None = None,
-         version: int | None = 3) -> Step:
-    payload = {"prompt_token_ids": prompt, "completion_token_ids": completion, "logprobs": logprobs,
-               "finish_reason": "stop", "weights_version": version}
-    return Step(rollout_id="r", attempt_id="a", sequence=seq, kind="llm", payload=payload, timestamp=0.0)
+def _llm(
+    seq: int,
+    prompt: list[int],
+    completion: list[int],
+    logprobs: list[float] | None = None,
+    version: int | None = 3,
+) -> Step:
+    payload = {
+        "prompt_token_ids": prompt,
+        "completion_token_ids": completion,
+        "logprobs": logprobs,
+        "finish_reason": "stop",
+        "weights_version": version,
+    }
+    return Step(
+        rollout_id="r", attempt_id="a", sequence=seq, kind="llm", payload=payload, timestamp=0.0
+    )
 
 
 def test_grpo_advantages_match_hand_computation() -> None:
@@ -53,7 +65,9 @@ def test_multi_turn_calls_merge_with_action_mask() -> None:
 
 
 def test_calls_that_do_not_continue_start_new_sequences() -> None:
-    seqs = sequences_from_steps([_llm(1, [1, 2], [3], None), _llm(2, [7, 8], [9], [{"logprob": -1.5}])])
+    seqs = sequences_from_steps(
+        [_llm(1, [1, 2], [3], None), _llm(2, [7, 8], [9], [{"logprob": -1.5}])]
+    )
     assert [s.tokens for s in seqs] == [[1, 2, 3], [7, 8, 9]]
     assert seqs[0].logprobs is None  # missing logprobs are missing, not zeros
     assert seqs[1].logprobs == [0.0, 0.0, -1.5]
@@ -83,11 +97,20 @@ def test_a_sequence_references_the_images_its_prompts_showed_once_each_in_order(
     a, b = "a" * 64, "b" * 64
 
     def shot(h: str) -> dict:  # type: ignore[type-arg]
-        return {"role": "user", "content": [{"type": "image_url", "image_url": {"url": PREFIX + h}}]}
+        return {
+            "role": "user",
+            "content": [{"type": "image_url", "image_url": {"url": PREFIX + h}}],
+        }
 
-    first, second = _llm(1, [1, 2], [3]), _llm(2, [1, 2, 3, 4], [5])  # the 2nd call continues the 1st
+    first, second = (
+        _llm(1, [1, 2], [3]),
+        _llm(2, [1, 2, 3, 4], [5]),
+    )  # the 2nd call continues the 1st
     first.payload["messages"] = [shot(a)]
-    second.payload["messages"] = [shot(a), shot(b)]  # the conversation is resent with a new screenshot
+    second.payload["messages"] = [
+        shot(a),
+        shot(b),
+    ]  # the conversation is resent with a new screenshot
     (seq,) = sequences_from_steps([first, second])
     assert seq.images == [a, b]
     (text_only,) = sequences_from_steps([_llm(1, [1], [2])])

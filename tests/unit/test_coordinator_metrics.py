@@ -13,13 +13,19 @@ from rollfleet.coordinator import metrics as m
 
 def test_reward_stats_on_known_rewards_skip_missing() -> None:
     out = m.reward_stats([1.0, 0.0, None, 0.5, 0.5])
-    assert out == {"reward/mean": 0.5, "reward/std": pytest.approx(math.sqrt(0.125)),
-                   "reward/max": 1.0, "reward/min": 0.0}
+    assert out == {
+        "reward/mean": 0.5,
+        "reward/std": pytest.approx(math.sqrt(0.125)),
+        "reward/max": 1.0,
+        "reward/min": 0.0,
+    }
     assert m.reward_stats([None]) == {}
 
 
 def test_metric_aggregates_per_name_over_reporting_rollouts() -> None:
-    out = m.metric_aggregates([{"turns": 2, "ok": 1.0}, {"turns": 4}, {"turns": 6, "bad": float("nan")}])
+    out = m.metric_aggregates(
+        [{"turns": 2, "ok": 1.0}, {"turns": 4}, {"turns": 6, "bad": float("nan")}]
+    )
     assert out["metric/turns/mean"] == 4.0
     assert out["metric/turns/max"] == 6.0 and out["metric/turns/min"] == 2.0
     assert out["metric/turns/std"] == pytest.approx(statistics.pstdev([2, 4, 6]))
@@ -29,15 +35,24 @@ def test_metric_aggregates_per_name_over_reporting_rollouts() -> None:
 
 def test_latency_percentiles_interpolate() -> None:
     out = m.latency_stats([4.0, 1.0, 3.0, 2.0])
-    assert out == {"latency/mean": 2.5, "latency/p50": 2.5, "latency/p90": pytest.approx(3.7), "latency/max": 4.0}
+    assert out == {
+        "latency/mean": 2.5,
+        "latency/p50": 2.5,
+        "latency/p90": pytest.approx(3.7),
+        "latency/max": 4.0,
+    }
     with pytest.raises(ValueError):
         m.percentile([], 0.5)
 
 
 def test_token_stats_totals_and_means() -> None:
     out = m.token_stats([10, 20], [5, 7])
-    assert out == {"tokens/prompt_total": 30.0, "tokens/completion_total": 12.0,
-                   "tokens/completion_mean": 6.0, "tokens/prompt_mean": 15.0}
+    assert out == {
+        "tokens/prompt_total": 30.0,
+        "tokens/completion_total": 12.0,
+        "tokens/completion_mean": 6.0,
+        "tokens/prompt_mean": 15.0,
+    }
     assert m.token_stats([], []) == {}
 
 
@@ -86,6 +101,13 @@ def test_failure_counts_by_kind() -> None:
     engine_down = describe_failure(EngineError("unreachable"), "EngineError: unreachable")
     assert engine_down.startswith("infrastructure: ")
     assert describe_failure(ValueError("x"), "ValueError: x") == "ValueError: x"
-    out = m.failure_counts([("failed", engine_down), ("failed", "ValueError: x"), ("succeeded", None),
-                            ("failed", "timeout_s=3 exceeded"), ("cancelled", "cancelled")])
+    out = m.failure_counts(
+        [
+            ("failed", engine_down),
+            ("failed", "ValueError: x"),
+            ("succeeded", None),
+            ("failed", "timeout_s=3 exceeded"),
+            ("cancelled", "cancelled"),
+        ]
+    )
     assert out == {"failures/infrastructure": 1.0, "failures/timeout": 1.0, "failures/agent": 1.0}

@@ -5,7 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rollfleet.engines.buckets import bucket_tensors, flatten_bucket, tensor_nbytes, unflatten_bucket
+from rollfleet.engines.buckets import (
+    bucket_tensors,
+    flatten_bucket,
+    tensor_nbytes,
+    unflatten_bucket,
+)
 from rollfleet.errors import InvalidInput
 
 
@@ -42,7 +47,7 @@ def test_engine_buckets_keep_order_and_lose_nothing() -> None:
     buckets = list(bucket_tensors(iter(tensors), 256))
     flat = [item for bucket in buckets for item in bucket.items]
     assert [n for n, _ in flat] == [n for n, _ in tensors]
-    assert all(a is b for (_, a), (_, b) in zip(flat, tensors))
+    assert all(a is b for (_, a), (_, b) in zip(flat, tensors, strict=True))
     assert all(b.nbytes <= 256 or len(b.items) == 1 for b in buckets)
     assert sum(b.nbytes for b in buckets) == sum(t.nbytes for _, t in tensors)
 
@@ -66,13 +71,15 @@ def test_engine_buckets_size_torch_tensors_by_dtype() -> None:
 
 def test_engine_buckets_flatten_round_trips_mixed_dtypes() -> None:
     torch = pytest.importorskip("torch")
-    items = [("a", torch.arange(6, dtype=torch.float32).reshape(2, 3)),
-             ("b", torch.tensor([1, -2], dtype=torch.int64)),
-             ("c", torch.ones(3, dtype=torch.bfloat16))]
+    items = [
+        ("a", torch.arange(6, dtype=torch.float32).reshape(2, 3)),
+        ("b", torch.tensor([1, -2], dtype=torch.int64)),
+        ("c", torch.ones(3, dtype=torch.bfloat16)),
+    ]
     bucket = next(bucket_tensors(items, 1 << 20))
     buffer, metas = flatten_bucket(bucket)
     assert buffer.numel() == bucket.nbytes
     back = unflatten_bucket(buffer, metas)
     assert [n for n, _ in back] == ["a", "b", "c"]
-    for (_, want), (_, got) in zip(items, back):
+    for (_, want), (_, got) in zip(items, back, strict=True):
         assert got.dtype == want.dtype and torch.equal(got, want)

@@ -24,8 +24,9 @@ class Recorded:
         self.steps.append((rollout_id, attempt_id, step))
 
 
-def echo_gateway(replicas: int = 2, capacity: int = 2, delay: float = 0.0,
-                 recorder: Recorded | None = None) -> Gateway:
+def echo_gateway(
+    replicas: int = 2, capacity: int = 2, delay: float = 0.0, recorder: Recorded | None = None
+) -> Gateway:
     gateway = Gateway(recorder, rng=random.Random(0))
     for i in range(replicas):
         gateway.add_replica(EchoEngine(token_delay_s=delay, max_concurrency=capacity), f"r{i}")
@@ -74,10 +75,12 @@ async def test_engine_gateway_records_each_call_as_an_llm_step() -> None:
     request = GenerationRequest(messages=[{"role": "user", "content": "hello"}])
     result = await gateway.generate(request, "ro-1", "at-1")
     assert result.text == "hello" and result.finish_reason is FinishReason.STOP
-    (rollout, attempt, step), = recorded.steps
+    ((rollout, attempt, step),) = recorded.steps
     assert (rollout, attempt, step.kind) == ("ro-1", "at-1", "llm")
     p = step.payload
-    assert p["messages"] == request.messages and p["completion_token_ids"] == [ord(c) for c in "hello"]
+    assert p["messages"] == request.messages and p["completion_token_ids"] == [
+        ord(c) for c in "hello"
+    ]
     assert p["prompt_token_ids"] and p["logprobs"] == [0.0] * 5 and p["finish_reason"] == "stop"
     assert p["engine"] == "echo" and p["weights_version"] == 0 and p["latency_s"] >= 0
     assert p["usage"]["completion_tokens"] == 5 and p["replica"] in {"r0", "r1"}
@@ -145,7 +148,9 @@ async def test_engine_gateway_a_refused_recording_fails_the_call() -> None:
     assert gateway.in_flight == 0 and gateway.router.replicas["echo-1"].in_flight == 0
 
 
-async def test_engine_gateway_an_aborted_call_of_a_fenced_attempt_still_returns_its_partial_output() -> None:
+async def test_engine_gateway_an_aborted_call_of_a_fenced_attempt_still_returns_its_partial_output() -> (
+    None
+):
     from rollfleet.errors import Conflict
 
     refused: list[str] = []
@@ -163,5 +168,9 @@ async def test_engine_gateway_an_aborted_call_of_a_fenced_attempt_still_returns_
     rest = [item async for item in items]
     assert await aborting == 1 and refused == ["abort"]
     result = rest[-1]
-    assert isinstance(result, Generation) and result.aborted and 1 <= len(result.completion_token_ids) < 10_000
+    assert (
+        isinstance(result, Generation)
+        and result.aborted
+        and 1 <= len(result.completion_token_ids) < 10_000
+    )
     assert gateway.in_flight == 0

@@ -48,21 +48,34 @@ def tiny_weights(seed: int = 0, tied: bool = True) -> dict[str, np.ndarray]:
     """The transformers state_dict of the tiny model (lm_head the same array when tied)."""
     rng = np.random.default_rng(seed)
     hf = {gg: hf for hf, gg in _hf_names(tied).items()}
-    weights = {hf[gg]: rng.normal(0, 0.1, shape).astype(np.float32) for gg, shape in tiny_shapes(tied).items()}
+    weights = {
+        hf[gg]: rng.normal(0, 0.1, shape).astype(np.float32)
+        for gg, shape in tiny_shapes(tied).items()
+    }
     if tied:
         weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
     return weights
 
 
 def _hf_names(tied: bool) -> dict[str, str]:
-    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
+    names = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+    }
     if not tied:
         names["lm_head.weight"] = "output.weight"
     for i in range(LAYERS):
-        for hf, gg in [("self_attn.q_proj", "attn_q"), ("self_attn.k_proj", "attn_k"), ("self_attn.v_proj", "attn_v"),
-                       ("self_attn.o_proj", "attn_output"), ("mlp.gate_proj", "ffn_gate"), ("mlp.up_proj", "ffn_up"),
-                       ("mlp.down_proj", "ffn_down"), ("input_layernorm", "attn_norm"),
-                       ("post_attention_layernorm", "ffn_norm")]:
+        for hf, gg in [
+            ("self_attn.q_proj", "attn_q"),
+            ("self_attn.k_proj", "attn_k"),
+            ("self_attn.v_proj", "attn_v"),
+            ("self_attn.o_proj", "attn_output"),
+            ("mlp.gate_proj", "ffn_gate"),
+            ("mlp.up_proj", "ffn_up"),
+            ("mlp.down_proj", "ffn_down"),
+            ("input_layernorm", "attn_norm"),
+            ("post_attention_layernorm", "ffn_norm"),
+        ]:
             names[f"model.layers.{i}.{hf}.weight"] = f"blk.{i}.{gg}.weight"
     return names
 
@@ -71,8 +84,13 @@ def test_gguf_name_maps_every_llama_weight_and_nothing_else() -> None:
     for hf, gg in _hf_names(tied=False).items():
         assert gguf_name(hf) == gg
     assert gguf_name("model.layers.12.mlp.down_proj.weight") == "blk.12.ffn_down.weight"
-    for other in ["model.layers.01.mlp.up_proj.weight", "model.layers.0.mlp.up_proj.bias",
-                  "model.layers.0.self_attn.rotary_emb.inv_freq", "transformer.wte.weight", "w"]:
+    for other in [
+        "model.layers.01.mlp.up_proj.weight",
+        "model.layers.0.mlp.up_proj.bias",
+        "model.layers.0.self_attn.rotary_emb.inv_freq",
+        "transformer.wte.weight",
+        "w",
+    ]:
         assert gguf_name(other) is None, other
 
 
@@ -104,14 +122,24 @@ def test_convert_names_permutes_and_encodes_every_tensor() -> None:
     assert list(out) != [] and set(out) == set(tiny_shapes())  # tied: no output.weight
     q, _ = out["blk.1.attn_q.weight"]
     assert q.dtype == np.float16
-    assert np.array_equal(q, permute_rotary(weights["model.layers.1.self_attn.q_proj.weight"], HEADS).astype(np.float16))
+    assert np.array_equal(
+        q,
+        permute_rotary(weights["model.layers.1.self_attn.q_proj.weight"], HEADS).astype(np.float16),
+    )
     k, _ = out["blk.0.attn_k.weight"]
-    assert np.array_equal(k, permute_rotary(weights["model.layers.0.self_attn.k_proj.weight"], HEADS, KV_HEADS).astype(np.float16))
+    assert np.array_equal(
+        k,
+        permute_rotary(weights["model.layers.0.self_attn.k_proj.weight"], HEADS, KV_HEADS).astype(
+            np.float16
+        ),
+    )
     v, _ = out["blk.0.attn_v.weight"]
     assert np.array_equal(v, weights["model.layers.0.self_attn.v_proj.weight"].astype(np.float16))
     norm, _ = out["output_norm.weight"]
     assert norm.dtype == np.float32 and np.array_equal(norm, weights["model.norm.weight"])
-    weights["model.norm.weight"][0] = 7.0  # the export is a snapshot, not a view of the caller's arrays
+    weights["model.norm.weight"][0] = (
+        7.0  # the export is a snapshot, not a view of the caller's arrays
+    )
     assert norm[0] != 7.0
 
 
@@ -119,21 +147,27 @@ def test_convert_takes_torch_tensors_in_any_float_dtype() -> None:
     require(importlib.util.find_spec("torch") is not None, "torch")
     import torch
 
-    weights = {name: torch.from_numpy(array).to(torch.bfloat16) for name, array in tiny_weights().items()}
+    weights = {
+        name: torch.from_numpy(array).to(torch.bfloat16) for name, array in tiny_weights().items()
+    }
     out = convert(weights.items(), tiny_base())
     embd, _ = out["token_embd.weight"]
-    assert np.array_equal(embd, weights["model.embed_tokens.weight"].float().numpy().astype(np.float16))
+    assert np.array_equal(
+        embd, weights["model.embed_tokens.weight"].float().numpy().astype(np.float16)
+    )
 
 
 def _drop(name: str) -> Any:
     def edit(w: dict[str, Any]) -> None:
         del w[name]
+
     return edit
 
 
 def _set(name: str, value: Any) -> Any:
     def edit(w: dict[str, Any]) -> None:
         w[name] = value
+
     return edit
 
 
@@ -141,26 +175,50 @@ def _poke(name: str, value: float) -> Any:
     def edit(w: dict[str, Any]) -> None:
         w[name] = w[name].copy()
         w[name].flat[3] = value
+
     return edit
 
 
 BAD = {
     "missing": (_drop("model.norm.weight"), r"missing tensor 'model\.norm\.weight'"),
-    "missing several": (lambda w: [w.pop(n) for n in [n for n in w if ".layers.1." in n]],
-                        r"missing tensor 'model\.layers\.1\.input_layernorm\.weight' \(and 8 more\)"),
-    "unknown": (_set("model.layers.0.mlp.gate.weight", np.zeros(3, np.float32)),
-                r"unknown tensor 'model\.layers\.0\.mlp\.gate\.weight'"),
-    "a layer the model lacks": (_set("model.layers.2.mlp.up_proj.weight", np.zeros((FFN, HIDDEN), np.float32)),
-                                r"unknown tensor 'model\.layers\.2\.mlp\.up_proj\.weight'"),
-    "wrong shape": (_set("model.layers.1.self_attn.k_proj.weight", np.zeros((HIDDEN, HIDDEN), np.float32)),
-                    r"tensor 'model\.layers\.1\.self_attn\.k_proj\.weight' has shape \(32, 32\), tiny\.gguf has \(16, 32\)"),
-    "transposed": (lambda w: w.__setitem__("model.layers.0.mlp.down_proj.weight", w["model.layers.0.mlp.down_proj.weight"].T),
-                   r"tensor 'model\.layers\.0\.mlp\.down_proj\.weight' has shape \(64, 32\)"),
-    "not float": (_set("model.norm.weight", np.ones(HIDDEN, np.int64)), r"tensor 'model\.norm\.weight' has dtype int64"),
-    "nan": (_poke("model.layers.0.mlp.up_proj.weight", float("nan")), r"tensor 'model\.layers\.0\.mlp\.up_proj\.weight' holds NaN"),
-    "past float16": (_poke("model.layers.1.mlp.up_proj.weight", 1e6), r"tensor 'model\.layers\.1\.mlp\.up_proj\.weight' has values beyond float16"),
-    "untied lm_head": (_set("lm_head.weight", np.zeros((VOCAB, HIDDEN), np.float32)),
-                       r"'lm_head\.weight' differs from 'model\.embed_tokens\.weight', but tiny\.gguf ties them"),
+    "missing several": (
+        lambda w: [w.pop(n) for n in [n for n in w if ".layers.1." in n]],
+        r"missing tensor 'model\.layers\.1\.input_layernorm\.weight' \(and 8 more\)",
+    ),
+    "unknown": (
+        _set("model.layers.0.mlp.gate.weight", np.zeros(3, np.float32)),
+        r"unknown tensor 'model\.layers\.0\.mlp\.gate\.weight'",
+    ),
+    "a layer the model lacks": (
+        _set("model.layers.2.mlp.up_proj.weight", np.zeros((FFN, HIDDEN), np.float32)),
+        r"unknown tensor 'model\.layers\.2\.mlp\.up_proj\.weight'",
+    ),
+    "wrong shape": (
+        _set("model.layers.1.self_attn.k_proj.weight", np.zeros((HIDDEN, HIDDEN), np.float32)),
+        r"tensor 'model\.layers\.1\.self_attn\.k_proj\.weight' has shape \(32, 32\), tiny\.gguf has \(16, 32\)",
+    ),
+    "transposed": (
+        lambda w: w.__setitem__(
+            "model.layers.0.mlp.down_proj.weight", w["model.layers.0.mlp.down_proj.weight"].T
+        ),
+        r"tensor 'model\.layers\.0\.mlp\.down_proj\.weight' has shape \(64, 32\)",
+    ),
+    "not float": (
+        _set("model.norm.weight", np.ones(HIDDEN, np.int64)),
+        r"tensor 'model\.norm\.weight' has dtype int64",
+    ),
+    "nan": (
+        _poke("model.layers.0.mlp.up_proj.weight", float("nan")),
+        r"tensor 'model\.layers\.0\.mlp\.up_proj\.weight' holds NaN",
+    ),
+    "past float16": (
+        _poke("model.layers.1.mlp.up_proj.weight", 1e6),
+        r"tensor 'model\.layers\.1\.mlp\.up_proj\.weight' has values beyond float16",
+    ),
+    "untied lm_head": (
+        _set("lm_head.weight", np.zeros((VOCAB, HIDDEN), np.float32)),
+        r"'lm_head\.weight' differs from 'model\.embed_tokens\.weight', but tiny\.gguf ties them",
+    ),
 }
 
 
@@ -246,7 +304,9 @@ def test_export_gguf_writes_nothing_for_a_bad_update(tmp_path: Path) -> None:
     base = tmp_path / "tiny.gguf"
     weights = write_tiny_gguf(base)
     del weights["model.layers.1.mlp.gate_proj.weight"]
-    with pytest.raises(EngineError, match=r"missing tensor 'model\.layers\.1\.mlp\.gate_proj\.weight'"):
+    with pytest.raises(
+        EngineError, match=r"missing tensor 'model\.layers\.1\.mlp\.gate_proj\.weight'"
+    ):
         export_gguf(base, weights.items(), tmp_path / "out")
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
     with pytest.raises(EngineError, match="export type 'q4_0' is not one of f16, q8_0"):

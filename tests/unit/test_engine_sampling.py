@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from rollfleet.engines.base import (
-    FinishReason, Generation, GenerationRequest, SamplingParams, message_text,
+    FinishReason,
+    Generation,
+    GenerationRequest,
+    SamplingParams,
+    message_text,
 )
 from rollfleet.engines.llamacpp_model import ChatTemplate, TextDecoder, find_stop, sample
 from rollfleet.errors import EngineError
-
-import pytest
 
 
 def test_engine_sampling_greedy_picks_the_argmax_with_its_logprob() -> None:
@@ -22,7 +25,9 @@ def test_engine_sampling_greedy_picks_the_argmax_with_its_logprob() -> None:
 def test_engine_sampling_follows_the_distribution() -> None:
     logits = np.log(np.array([0.1, 0.2, 0.7], dtype=np.float32))
     rng = np.random.default_rng(1)
-    counts = np.bincount([sample(logits, SamplingParams(), rng)[0] for _ in range(6000)], minlength=3)
+    counts = np.bincount(
+        [sample(logits, SamplingParams(), rng)[0] for _ in range(6000)], minlength=3
+    )
     assert np.allclose(counts / 6000, [0.1, 0.2, 0.7], atol=0.03)
 
 
@@ -49,17 +54,23 @@ def test_engine_sampling_find_stop_returns_earliest_hit() -> None:
 def test_engine_sampling_text_decoder_never_splits_a_character() -> None:
     decoder = TextDecoder()
     raw = "héllo ✓".encode()
-    pieces = [decoder.feed(raw[i:i + 1]) for i in range(len(raw))]
+    pieces = [decoder.feed(raw[i : i + 1]) for i in range(len(raw))]
     assert "".join(pieces) == decoder.text == "héllo ✓"
     assert "\ufffd" not in decoder.text
 
 
 def test_engine_sampling_chat_template_renders_messages_and_generation_prompt() -> None:
     template = ChatTemplate(None, "<s>", "</s>")
-    text = template.render([{"role": "system", "content": "be brief"},
-                            {"role": "user", "content": [{"type": "text", "text": "hi"}]}])
-    assert text == ("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
-                    "<|im_start|>assistant\n")
+    text = template.render(
+        [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        ]
+    )
+    assert text == (
+        "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
 
 
 def test_engine_sampling_chat_template_errors_are_engine_errors() -> None:
@@ -70,7 +81,9 @@ def test_engine_sampling_chat_template_errors_are_engine_errors() -> None:
 
 def test_engine_sampling_message_text_flattens_parts() -> None:
     assert message_text(None) == ""
-    assert message_text([{"type": "text", "text": "a"}, {"type": "image_url"}, {"text": "b"}]) == "ab"
+    assert (
+        message_text([{"type": "text", "text": "a"}, {"type": "image_url"}, {"text": "b"}]) == "ab"
+    )
 
 
 def test_engine_request_needs_exactly_one_of_messages_or_prompt() -> None:
@@ -85,4 +98,7 @@ def test_engine_generation_usage_counts_tokens_or_reports_the_servers() -> None:
     g = Generation("r", "t", [1, 2, 3], [4, 5], None, FinishReason.ABORT, "e", "m", 0)
     assert g.aborted and g.usage == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
     reported = {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10}
-    assert Generation("r", "t", [], [], None, FinishReason.STOP, "e", "m", 0, reported).usage == reported
+    assert (
+        Generation("r", "t", [], [], None, FinishReason.STOP, "e", "m", 0, reported).usage
+        == reported
+    )

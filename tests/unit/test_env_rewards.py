@@ -8,20 +8,23 @@ from rollfleet.envs import get_mode
 from rollfleet.envs.base import normalize_answer, token_f1
 from rollfleet.envs.math import final_number, math_reward, to_number
 from rollfleet.envs.py import extract_code
-from rollfleet.pool.providers.judge import plan
 from rollfleet.envs.rag import rag_reward
 from rollfleet.envs.web import web_reward
 from rollfleet.errors import InvalidInput
+from rollfleet.pool.providers.judge import plan
 
 
-@pytest.mark.parametrize(("reply", "expected"), [
-    ("3 + 4 = 7, so 9 in all\n#### 1,200", "1,200"),
-    ("first #### 5 then #### 6", "6"),
-    (r"The answer is \boxed{3/4}, not 5", "3/4"),
-    ("She has 12 apples, then 15.", "15"),
-    ("no numbers here", None),
-    ("it costs -2.5 dollars", "-2.5"),
-])
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        ("3 + 4 = 7, so 9 in all\n#### 1,200", "1,200"),
+        ("first #### 5 then #### 6", "6"),
+        (r"The answer is \boxed{3/4}, not 5", "3/4"),
+        ("She has 12 apples, then 15.", "15"),
+        ("no numbers here", None),
+        ("it costs -2.5 dollars", "-2.5"),
+    ],
+)
 def test_final_number_prefers_hashes_then_boxed_then_last(reply: str, expected: str | None) -> None:
     assert final_number(reply) == expected
 
@@ -47,19 +50,42 @@ def test_math_check_names_line_and_field() -> None:
         mode.check([1], "f.jsonl:7")
 
 
-@pytest.mark.parametrize(("mode", "task", "message"), [
-    ("py", {"prompt": "p", "entry_point": "f", "tests": ["f( == 1"]}, "field 'tests.0' is not a Python expression"),
-    ("py", {"prompt": "p", "entry_point": "f", "tests": []}, "field 'tests' is empty"),
-    ("py", {"prompt": "p", "entry_point": "f", "tests": ["1"] * 101}, "field 'tests' has 101 tests; at most 100"),
-    ("py", {"prompt": "p", "entry_point": "f", "tests": ["1" * 2001]}, "field 'tests.0' is 2001 characters; at most 2000"),
-    ("py", {"prompt": "p", "entry_point": "f", "tests": ["(" * 1000 + ")" * 1000]}, "field 'tests.0' is not a Python expression"),
-    ("py", {"prompt": "p", "tests": ["1"]}, "field 'entry_point' is missing"),
-    ("rag", {"question": "q", "answers": [""]}, "field 'answers.0' must be a non-empty string"),
-    ("rag", {"question": "q", "answers": "x"}, "field 'answers' must be list"),
-    ("web", {"question": "q", "answer": "a", "start": "index.html"}, "field 'start' must be a path"),
-    ("osworld", {"instruction": "i"}, "field 'id' is missing"),
-    ("osworld", {"id": "x", "instruction": "i", "config": {}}, "field 'config' must be a list"),
-])
+@pytest.mark.parametrize(
+    ("mode", "task", "message"),
+    [
+        (
+            "py",
+            {"prompt": "p", "entry_point": "f", "tests": ["f( == 1"]},
+            "field 'tests.0' is not a Python expression",
+        ),
+        ("py", {"prompt": "p", "entry_point": "f", "tests": []}, "field 'tests' is empty"),
+        (
+            "py",
+            {"prompt": "p", "entry_point": "f", "tests": ["1"] * 101},
+            "field 'tests' has 101 tests; at most 100",
+        ),
+        (
+            "py",
+            {"prompt": "p", "entry_point": "f", "tests": ["1" * 2001]},
+            "field 'tests.0' is 2001 characters; at most 2000",
+        ),
+        (
+            "py",
+            {"prompt": "p", "entry_point": "f", "tests": ["(" * 1000 + ")" * 1000]},
+            "field 'tests.0' is not a Python expression",
+        ),
+        ("py", {"prompt": "p", "tests": ["1"]}, "field 'entry_point' is missing"),
+        ("rag", {"question": "q", "answers": [""]}, "field 'answers.0' must be a non-empty string"),
+        ("rag", {"question": "q", "answers": "x"}, "field 'answers' must be list"),
+        (
+            "web",
+            {"question": "q", "answer": "a", "start": "index.html"},
+            "field 'start' must be a path",
+        ),
+        ("osworld", {"instruction": "i"}, "field 'id' is missing"),
+        ("osworld", {"id": "x", "instruction": "i", "config": {}}, "field 'config' must be a list"),
+    ],
+)
 def test_mode_checks(mode: str, task: dict, message: str) -> None:
     with pytest.raises(InvalidInput, match=rf"data\.jsonl:9: {message}"):
         get_mode(mode).check(task, "data.jsonl:9")
@@ -83,7 +109,9 @@ def test_f1_and_exact_match() -> None:
 
 
 def test_py_code_extraction_and_test_module() -> None:
-    answer = "Here:\n```python\ndef f():\n    return 1\n```\nand\n```py\ndef g():\n    return 2\n```"
+    answer = (
+        "Here:\n```python\ndef f():\n    return 1\n```\nand\n```py\ndef g():\n    return 2\n```"
+    )
     assert extract_code(answer) == "def g():\n    return 2\n"
     assert extract_code("def h(): pass") == "def h(): pass"
 
@@ -93,5 +121,8 @@ def test_judge_plan_asks_only_for_what_is_not_a_literal() -> None:
 
     assert plan("g(1) == 2") == ([("ask", "g(1)"), ("literal", 2)], [ast.Eq], False)
     assert plan("not 0 < g('x') <= (1, 2)") == (
-        [("literal", 0), ("ask", "g('x')"), ("literal", (1, 2))], [ast.Lt, ast.LtE], True)
+        [("literal", 0), ("ask", "g('x')"), ("literal", (1, 2))],
+        [ast.Lt, ast.LtE],
+        True,
+    )
     assert plan("is_even(4)") == ([("ask", "is_even(4)")], [], False)

@@ -27,21 +27,47 @@ async def session(space: str = "computer_13", observation: str = "screenshot") -
 
 # (tool, arguments, the action DesktopEnv.step must get)
 COMPUTER_13 = [
-    ("move_to", {"x": 10, "y": 20}, {"action_type": "MOVE_TO", "parameters": {"x": 10.0, "y": 20.0}}),
+    (
+        "move_to",
+        {"x": 10, "y": 20},
+        {"action_type": "MOVE_TO", "parameters": {"x": 10.0, "y": 20.0}},
+    ),
     ("click", {}, {"action_type": "CLICK", "parameters": {}}),
-    ("click", {"x": 5, "y": 6, "button": "right", "num_clicks": 2},
-     {"action_type": "CLICK", "parameters": {"x": 5.0, "y": 6.0, "button": "right", "num_clicks": 2}}),
-    ("mouse_down", {"button": "left"}, {"action_type": "MOUSE_DOWN", "parameters": {"button": "left"}}),
+    (
+        "click",
+        {"x": 5, "y": 6, "button": "right", "num_clicks": 2},
+        {
+            "action_type": "CLICK",
+            "parameters": {"x": 5.0, "y": 6.0, "button": "right", "num_clicks": 2},
+        },
+    ),
+    (
+        "mouse_down",
+        {"button": "left"},
+        {"action_type": "MOUSE_DOWN", "parameters": {"button": "left"}},
+    ),
     ("mouse_up", {}, {"action_type": "MOUSE_UP", "parameters": {}}),
-    ("right_click", {"x": 7, "y": 8}, {"action_type": "RIGHT_CLICK", "parameters": {"x": 7.0, "y": 8.0}}),
+    (
+        "right_click",
+        {"x": 7, "y": 8},
+        {"action_type": "RIGHT_CLICK", "parameters": {"x": 7.0, "y": 8.0}},
+    ),
     ("double_click", {}, {"action_type": "DOUBLE_CLICK", "parameters": {}}),
-    ("drag_to", {"x": "300", "y": 400.5}, {"action_type": "DRAG_TO", "parameters": {"x": 300.0, "y": 400.5}}),
+    (
+        "drag_to",
+        {"x": "300", "y": 400.5},
+        {"action_type": "DRAG_TO", "parameters": {"x": 300.0, "y": 400.5}},
+    ),
     ("scroll", {"dx": 0, "dy": -3}, {"action_type": "SCROLL", "parameters": {"dx": 0, "dy": -3}}),
     ("typing", {"text": "hello"}, {"action_type": "TYPING", "parameters": {"text": "hello"}}),
     ("press", {"key": "Enter"}, {"action_type": "PRESS", "parameters": {"key": "enter"}}),
     ("key_down", {"key": "shift"}, {"action_type": "KEY_DOWN", "parameters": {"key": "shift"}}),
     ("key_up", {"key": "shift"}, {"action_type": "KEY_UP", "parameters": {"key": "shift"}}),
-    ("hotkey", {"keys": ["ctrl", "s"]}, {"action_type": "HOTKEY", "parameters": {"keys": ["ctrl", "s"]}}),
+    (
+        "hotkey",
+        {"keys": ["ctrl", "s"]},
+        {"action_type": "HOTKEY", "parameters": {"keys": ["ctrl", "s"]}},
+    ),
     ("wait", {}, "WAIT"),
 ]
 
@@ -49,9 +75,24 @@ COMPUTER_13 = [
 async def test_every_computer_13_action_reaches_desktop_step_as_osworld_spells_it() -> None:
     s = await session()
     names = {t.name for t in s.tools}
-    assert names == {"move_to", "click", "mouse_down", "mouse_up", "right_click", "double_click",
-                     "drag_to", "scroll", "typing", "press", "key_down", "key_up", "hotkey",
-                     "wait", "fail", "done"}
+    assert names == {
+        "move_to",
+        "click",
+        "mouse_down",
+        "mouse_up",
+        "right_click",
+        "double_click",
+        "drag_to",
+        "scroll",
+        "typing",
+        "press",
+        "key_down",
+        "key_up",
+        "hotkey",
+        "wait",
+        "fail",
+        "done",
+    }
     for name, args, action in COMPUTER_13:
         result = await s.call(name, args)
         assert isinstance(result, Observation) and not result.done, (name, result)
@@ -67,7 +108,9 @@ async def test_fail_ends_the_episode_and_is_not_overwritten_by_done() -> None:
     result = await s.call("fail", {})
     assert isinstance(result, Observation) and result.done and "episode is over" in result.text
     score = await s.score("fail")
-    assert s.desktop.actions == ["FAIL"] and score.details["ended"] == "FAIL" and score.reward == 0.0
+    assert (
+        s.desktop.actions == ["FAIL"] and score.details["ended"] == "FAIL" and score.reward == 0.0
+    )
 
 
 async def test_a_final_reply_ends_with_done_and_is_scored() -> None:
@@ -77,21 +120,25 @@ async def test_a_final_reply_ends_with_done_and_is_scored() -> None:
     assert s.desktop.actions[-1] == "DONE" and score.reward == 1.0 and score.correct
 
 
-@pytest.mark.parametrize(("name", "args", "error"), [
-    ("move_to", {"x": 10}, "argument 'y' is missing"),
-    ("click", {"x": 10}, "give x and y together"),
-    ("move_to", {"x": 5000, "y": 1}, "x must be between 0 and 1280"),
-    ("move_to", {"x": "left", "y": 1}, "x must be a number"),
-    ("click", {"button": "thumb"}, "button must be left, right or middle"),
-    ("click", {"num_clicks": 4}, "num_clicks must be 1, 2 or 3"),
-    ("scroll", {"dx": 1.5, "dy": 0}, "dx must be a whole number"),
-    ("press", {"key": "hyper"}, "'hyper' is not a key name"),
-    ("hotkey", {"keys": []}, "non-empty list of key names"),
-    ("typing", {"text": "a", "speed": 2}, "unknown argument 'speed'"),
-    ("execute", {"code": "pyautogui.click()"}, "unknown tool 'execute'"),
-])
-async def test_bad_computer_13_arguments_are_refused_before_the_desktop(name: str, args: dict[str, Any],
-                                                                       error: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "args", "error"),
+    [
+        ("move_to", {"x": 10}, "argument 'y' is missing"),
+        ("click", {"x": 10}, "give x and y together"),
+        ("move_to", {"x": 5000, "y": 1}, "x must be between 0 and 1280"),
+        ("move_to", {"x": "left", "y": 1}, "x must be a number"),
+        ("click", {"button": "thumb"}, "button must be left, right or middle"),
+        ("click", {"num_clicks": 4}, "num_clicks must be 1, 2 or 3"),
+        ("scroll", {"dx": 1.5, "dy": 0}, "dx must be a whole number"),
+        ("press", {"key": "hyper"}, "'hyper' is not a key name"),
+        ("hotkey", {"keys": []}, "non-empty list of key names"),
+        ("typing", {"text": "a", "speed": 2}, "unknown argument 'speed'"),
+        ("execute", {"code": "pyautogui.click()"}, "unknown tool 'execute'"),
+    ],
+)
+async def test_bad_computer_13_arguments_are_refused_before_the_desktop(
+    name: str, args: dict[str, Any], error: str
+) -> None:
     s = await session()
     result = await s.call(name, args)
     assert isinstance(result, str) and result.startswith("error:") and error in result, result
@@ -101,8 +148,10 @@ async def test_bad_computer_13_arguments_are_refused_before_the_desktop(name: st
 async def test_pyautogui_snippets_are_sent_to_the_desktop_and_performed_there() -> None:
     s = await session("pyautogui")
     assert [t.name for t in s.tools] == ["execute", "wait", "fail", "done"]
-    code = ("import pyautogui\nimport time\npyautogui.moveTo(100, 200)\npyautogui.click(button='right')\n"
-            "time.sleep(0.5)\npyautogui.write('hello')\npyautogui.hotkey('ctrl', 's')\npyautogui.scroll(-2)")
+    code = (
+        "import pyautogui\nimport time\npyautogui.moveTo(100, 200)\npyautogui.click(button='right')\n"
+        "time.sleep(0.5)\npyautogui.write('hello')\npyautogui.hotkey('ctrl', 's')\npyautogui.scroll(-2)"
+    )
     result = await s.call("execute", {"code": code})
     assert isinstance(result, Observation) and s.desktop.actions == [code]
     state = s.desktop.state
@@ -110,21 +159,27 @@ async def test_pyautogui_snippets_are_sent_to_the_desktop_and_performed_there() 
     assert state.hotkeys == [["ctrl", "s"]] and state.scrolled == (0, -2)
 
 
-@pytest.mark.parametrize(("code", "error"), [
-    ("import os\nos.system('rm -rf /')", "`import os` is not allowed"),
-    ("__import__('os').system('id')", "a call to __import__('os').system is not allowed"),
-    ("pyautogui.click()\nopen('/etc/passwd').read()", "line 2: a call to open('/etc/passwd').read"),
-    ("subprocess.run(['id'])", "subprocess.run is not allowed"),
-    ("pyautogui.screenshot('/tmp/x.png')", "pyautogui.screenshot is not allowed"),
-    ("pyautogui.click(x=len('ab'), y=1)", "argument 'x' of pyautogui.click is not a literal"),
-    ("pyautogui.FAILSAFE = False", "a Assign statement is not allowed"),
-    ("from pyautogui import click", "`from pyautogui import …` is not allowed"),
-    ("import pyautogui as os", "`import pyautogui` is not allowed"),
-    ("for i in range(3): pyautogui.press('a')", "a For statement is not allowed"),
-    ("pyautogui.write(*['a'])", "argument 1 of pyautogui.write is not a literal"),
-    ("time.sleep(3600)", "outside 0 to 60 seconds"),
-    ("pyautogui.click(", "not valid Python"),
-])
+@pytest.mark.parametrize(
+    ("code", "error"),
+    [
+        ("import os\nos.system('rm -rf /')", "`import os` is not allowed"),
+        ("__import__('os').system('id')", "a call to __import__('os').system is not allowed"),
+        (
+            "pyautogui.click()\nopen('/etc/passwd').read()",
+            "line 2: a call to open('/etc/passwd').read",
+        ),
+        ("subprocess.run(['id'])", "subprocess.run is not allowed"),
+        ("pyautogui.screenshot('/tmp/x.png')", "pyautogui.screenshot is not allowed"),
+        ("pyautogui.click(x=len('ab'), y=1)", "argument 'x' of pyautogui.click is not a literal"),
+        ("pyautogui.FAILSAFE = False", "a Assign statement is not allowed"),
+        ("from pyautogui import click", "`from pyautogui import …` is not allowed"),
+        ("import pyautogui as os", "`import pyautogui` is not allowed"),
+        ("for i in range(3): pyautogui.press('a')", "a For statement is not allowed"),
+        ("pyautogui.write(*['a'])", "argument 1 of pyautogui.write is not a literal"),
+        ("time.sleep(3600)", "outside 0 to 60 seconds"),
+        ("pyautogui.click(", "not valid Python"),
+    ],
+)
 async def test_disallowed_pyautogui_code_is_refused_and_never_sent(code: str, error: str) -> None:
     with pytest.raises(RefusedCode, match="allowed|literal|seconds|Python") as refused:
         parse(code)
@@ -161,8 +216,10 @@ async def test_standin_screenshots_are_real_pngs_that_change_with_the_actions() 
     assert before.tobytes() != after.tobytes()
 
 
-@pytest.mark.parametrize(("observation", "tree", "images"), [
-    ("screenshot", False, 1), ("a11y_tree", True, 0), ("screenshot_a11y_tree", True, 1)])
+@pytest.mark.parametrize(
+    ("observation", "tree", "images"),
+    [("screenshot", False, 1), ("a11y_tree", True, 0), ("screenshot_a11y_tree", True, 1)],
+)
 async def test_observation_types(observation: str, tree: bool, images: int) -> None:
     s = await session(observation=observation)
     result = await s.call("typing", {"text": "hi"})
@@ -174,18 +231,25 @@ async def test_observation_types(observation: str, tree: bool, images: int) -> N
 def test_observation_option_is_checked_per_mode() -> None:
     assert check_observation("osworld", None) is None
     assert check_observation("web", "both") == "both"
-    with pytest.raises(InvalidInput, match="osworld takes screenshot, a11y_tree, screenshot_a11y_tree"):
+    with pytest.raises(
+        InvalidInput, match="osworld takes screenshot, a11y_tree, screenshot_a11y_tree"
+    ):
         get_mode("osworld", "som")
     with pytest.raises(InvalidInput, match="web takes text, screenshot, both"):
         check_observation("web", "a11y_tree")
-    with pytest.raises(InvalidInput, match="--observation is for the web and osworld modes, not 'math'"):
+    with pytest.raises(
+        InvalidInput, match="--observation is for the web and osworld modes, not 'math'"
+    ):
         get_mode("math", "screenshot")
 
 
 def test_an_unknown_provider_name_lists_the_valid_ones() -> None:
     with pytest.raises(InvalidInput) as bad:
         desktop_options({"provider_name": "qemu"})
-    assert str(bad.value) == "--provider-name 'qemu': must be 'vmware', 'virtualbox', 'docker' or 'aws'"
+    assert (
+        str(bad.value)
+        == "--provider-name 'qemu': must be 'vmware', 'virtualbox', 'docker' or 'aws'"
+    )
     assert desktop_options({"provider_name": "docker"}).provider_name == "docker"
 
 
@@ -198,8 +262,11 @@ def test_history_counts_an_image_by_a_fixed_budget_not_its_base64() -> None:
     assert message_size(first) == len("Type hello\n\nthe screen") + IMAGE_CHARS
     turns = [{"role": "assistant", "content": f"turn {i}"} for i in range(8)]
     screens = [{"role": "user", "content": first["content"][1:]} for _ in range(8)]
-    history = [{"role": "system", "content": "s"}, first,
-               *[m for pair in zip(turns, screens, strict=True) for m in pair]]
+    history = [
+        {"role": "system", "content": "s"},
+        first,
+        *[m for pair in zip(turns, screens, strict=True) for m in pair],
+    ]
     kept = fit_history(history)
     assert kept[:2] == history[:2] and kept[-1] is history[-1]
     assert len(kept) == 2 + 6  # the 3 last turns and their screenshots fit 4,500 characters

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from support import bubblewrap
 
 from rollfleet.errors import InvalidInput
 from rollfleet.pool.config import build_pool, parse_config
 from rollfleet.pool.providers.command import CommandProvider
 from rollfleet.pool.providers.sandbox import SandboxProvider
-from support import bubblewrap
 
 GOOD = """
 [pools.py]
@@ -44,25 +44,43 @@ def test_good_config_builds_pools_with_their_options_and_policy() -> None:
 
 
 def test_json_config_is_accepted() -> None:
-    config = parse_config('{"pools": {"a": {"provider": "desktop", "size": 1, '
-                          '"options": {"provider_name": "docker", "headless": true}}}}', "p.json")
+    config = parse_config(
+        '{"pools": {"a": {"provider": "desktop", "size": 1, '
+        '"options": {"provider_name": "docker", "headless": true}}}}',
+        "p.json",
+    )
     assert config.pools["a"].options["provider_name"] == "docker"
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ('[pools.a]\nprovider = "sandbox"\nsize = 0\n', "p.toml: pools.a.size: "),
-    ('[pools.a]\nprovider = "vm"\nsize = 1\n', "p.toml: pools.a.provider: "),
-    ('[pools.a]\nprovider = "sandbox"\nsize = 1\ncolour = 2\n', "p.toml: pools.a.colour: Extra"),
-    ('[pools.a]\nprovider = "sandbox"\nsize = 1\n[pools.a.options]\ncpu_s = "x"\n',
-     "p.toml: pools.a.options.cpu_s: "),
-    ('[pools.a]\nprovider = "command"\nsize = 1\n', "p.toml: pools.a.options.start: Field required"),
-    ('[pools.a]\nprovider = "desktop"\nsize = 1\n[pools.a.options]\nprovider_name = "qemu"\n',
-     "p.toml: pools.a.options.provider_name: "),
-    ('[pools.a]\nprovider = "sandbox"\nsize = 1\n[pools.a.policy]\nbackoff_s = -1\n',
-     "p.toml: pools.a.policy.backoff_s: "),
-    ("", "p.toml: pools: Field required"),
-    ("[pools.a\n", "p.toml: not valid TOML"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[pools.a]\nprovider = "sandbox"\nsize = 0\n', "p.toml: pools.a.size: "),
+        ('[pools.a]\nprovider = "vm"\nsize = 1\n', "p.toml: pools.a.provider: "),
+        (
+            '[pools.a]\nprovider = "sandbox"\nsize = 1\ncolour = 2\n',
+            "p.toml: pools.a.colour: Extra",
+        ),
+        (
+            '[pools.a]\nprovider = "sandbox"\nsize = 1\n[pools.a.options]\ncpu_s = "x"\n',
+            "p.toml: pools.a.options.cpu_s: ",
+        ),
+        (
+            '[pools.a]\nprovider = "command"\nsize = 1\n',
+            "p.toml: pools.a.options.start: Field required",
+        ),
+        (
+            '[pools.a]\nprovider = "desktop"\nsize = 1\n[pools.a.options]\nprovider_name = "qemu"\n',
+            "p.toml: pools.a.options.provider_name: ",
+        ),
+        (
+            '[pools.a]\nprovider = "sandbox"\nsize = 1\n[pools.a.policy]\nbackoff_s = -1\n',
+            "p.toml: pools.a.policy.backoff_s: ",
+        ),
+        ("", "p.toml: pools: Field required"),
+        ("[pools.a\n", "p.toml: not valid TOML"),
+    ],
+)
 def test_bad_config_names_file_and_field(text: str, message: str) -> None:
     with pytest.raises(InvalidInput) as caught:
         parse_config(text, "p.toml")

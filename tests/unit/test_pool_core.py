@@ -9,9 +9,9 @@ import pytest
 
 from rollfleet.errors import Conflict, PoolError, PoolTimeout
 from rollfleet.pool.base import Instance, InstanceState, PoolStats
-from rollfleet.stats import percentile
 from rollfleet.pool.pool import Pool, PoolPolicy
 from rollfleet.pool.providers.memory import MemoryProvider
+from rollfleet.stats import percentile
 
 FAST = PoolPolicy(backoff_s=0.0, backoff_max_s=0.0, max_start_attempts=2)
 
@@ -72,7 +72,9 @@ async def test_release_returns_at_once_and_resets_run_concurrently() -> None:
     a, b = await pool.acquire(1), await pool.acquire(1)
     await asyncio.wait_for(pool.release(a), 1)
     await asyncio.wait_for(pool.release(b), 1)
-    await pool.wait_for(lambda s: s.states["RESETTING"] == 2 and provider.resets_in_progress == 2, 5)
+    await pool.wait_for(
+        lambda s: s.states["RESETTING"] == 2 and provider.resets_in_progress == 2, 5
+    )
     assert provider.max_concurrent_resets == 2
     provider.reset_gate.set()
     await pool.wait_for(idle(2), 5)
@@ -91,9 +93,12 @@ async def test_next_holder_gets_a_clean_instance() -> None:
     await pool.close()
 
 
-@pytest.mark.parametrize(("failing", "error"), [("fail_resets", "reset failed"),
-                                               ("fail_checks", "health check failed")])
-async def test_failed_reset_or_check_quarantines_and_replaces_the_instance(failing: str, error: str) -> None:
+@pytest.mark.parametrize(
+    ("failing", "error"), [("fail_resets", "reset failed"), ("fail_checks", "health check failed")]
+)
+async def test_failed_reset_or_check_quarantines_and_replaces_the_instance(
+    failing: str, error: str
+) -> None:
     provider = MemoryProvider()
     pool = await ready_pool(provider, 1)
     first = await pool.acquire(1)
@@ -112,8 +117,11 @@ async def test_holder_can_report_an_instance_broken() -> None:
     pool = await ready_pool(MemoryProvider(), 1)
     first = await pool.acquire(1)
     await pool.release(first, broken=True, reason="screen frozen")
-    assert pool.stats().instances[0].state in (InstanceState.BROKEN, InstanceState.STARTING,
-                                                 InstanceState.IDLE)
+    assert pool.stats().instances[0].state in (
+        InstanceState.BROKEN,
+        InstanceState.STARTING,
+        InstanceState.IDLE,
+    )
     second = await pool.acquire(5)
     assert second.handle is not first.handle and second.generation == 1
     assert "screen frozen" in (pool.stats().instances[0].last_error or "")

@@ -9,7 +9,10 @@ import pytest
 from rollfleet.errors import PoolError
 from rollfleet.pool.pool import Pool, PoolPolicy
 from rollfleet.pool.providers.desktop import (
-    DesktopEnvStandIn, DesktopOptions, DesktopProvider, check_hypervisor,
+    DesktopEnvStandIn,
+    DesktopOptions,
+    DesktopProvider,
+    check_hypervisor,
 )
 
 
@@ -25,15 +28,24 @@ def nothing(tool: str) -> str | None:
 
 def standin_pool(size: int = 1, **options: object) -> Pool:
     """A pool of stand-in desktops."""
-    provider = DesktopProvider(DesktopOptions(**options), env_class=DesktopEnvStandIn,  # type: ignore[arg-type]
-                               which=everything)
+    provider = DesktopProvider(
+        DesktopOptions(**options),
+        env_class=DesktopEnvStandIn,  # type: ignore[arg-type]
+        which=everything,
+    )
     return Pool(provider, size, name="osworld", policy=PoolPolicy(backoff_s=0.0))
 
 
 async def test_desktop_standin_gets_the_seed_options_and_an_endpoint() -> None:
-    pool = standin_pool(provider_name="virtualbox", snapshot_name="clean", screen_width=1280,
-                        screen_height=720, headless=True, client_password="pw",
-                        action_space="pyautogui")
+    pool = standin_pool(
+        provider_name="virtualbox",
+        snapshot_name="clean",
+        screen_width=1280,
+        screen_height=720,
+        headless=True,
+        client_password="pw",
+        action_space="pyautogui",
+    )
     async with pool, pool.lease(attempt_id="a1", timeout=5) as instance:
         kwargs = instance.handle.kwargs
         assert kwargs["provider_name"] == "virtualbox" and kwargs["snapshot_name"] == "clean"
@@ -68,11 +80,21 @@ async def test_desktop_standin_crashed_vm_is_replaced() -> None:
             assert second.handle is not first.handle and first.handle.closed
 
 
-@pytest.mark.parametrize(("provider", "tool"), [("vmware", "vmrun"), ("virtualbox", "VBoxManage"),
-                                                ("docker", "docker")])
-async def test_desktop_missing_hypervisor_is_a_clear_error_at_start(provider: str, tool: str) -> None:
-    pool = Pool(DesktopProvider(DesktopOptions(provider_name=provider), env_class=DesktopEnvStandIn,  # type: ignore[arg-type]
-                                which=nothing), 1, name="osworld")
+@pytest.mark.parametrize(
+    ("provider", "tool"), [("vmware", "vmrun"), ("virtualbox", "VBoxManage"), ("docker", "docker")]
+)
+async def test_desktop_missing_hypervisor_is_a_clear_error_at_start(
+    provider: str, tool: str
+) -> None:
+    pool = Pool(
+        DesktopProvider(
+            DesktopOptions(provider_name=provider),
+            env_class=DesktopEnvStandIn,  # type: ignore[arg-type]
+            which=nothing,
+        ),
+        1,
+        name="osworld",
+    )
     with pytest.raises(PoolError, match=f"`{tool}`"):
         await pool.start()
     await pool.close()
@@ -83,8 +105,10 @@ def test_desktop_missing_vm_image_is_a_clear_error() -> None:
         check_hypervisor(DesktopOptions(path_to_vm="/nonexistent/vm.vmx"), everything)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("desktop_env") is not None,
-                    reason="desktop-env is installed here, so it cannot be missing")
+@pytest.mark.skipif(
+    importlib.util.find_spec("desktop_env") is not None,
+    reason="desktop-env is installed here, so it cannot be missing",
+)
 def test_desktop_missing_package_names_the_extra() -> None:
     provider = DesktopProvider(DesktopOptions(provider_name="vmware"), which=everything)
     with pytest.raises(PoolError, match=r"rollfleet\[desktop\]"):

@@ -13,7 +13,9 @@ from rollfleet.run.progress import RunProgress
 def rollout(rid: str, status: RolloutStatus, reward: float | None) -> Rollout:
     """A finished rollout as the store would return it."""
     result = None if reward is None else RolloutResult(reward=reward)
-    return Rollout(rollout_id=rid, input={}, status=status, result=result, created_at=1.0, updated_at=2.0)
+    return Rollout(
+        rollout_id=rid, input={}, status=status, result=result, created_at=1.0, updated_at=2.0
+    )
 
 
 def test_each_line_names_the_rollouts_reward_and_the_running_mean() -> None:

@@ -17,7 +17,10 @@ from rollfleet.agents.toolcalls import (
 )
 from rollfleet.envs.base import Tool
 
-TOOLS = [Tool("search", "find documents", {"query": "words"}), Tool("read", "read one", {"doc_id": "id"})]
+TOOLS = [
+    Tool("search", "find documents", {"query": "words"}),
+    Tool("read", "read one", {"doc_id": "id"}),
+]
 
 
 def test_plain_text_call_line() -> None:
@@ -36,15 +39,25 @@ def test_answer_is_not_a_call() -> None:
     assert parse_text("CALL search {}", []) is None  # a mode with no tools never calls
 
 
-@pytest.mark.parametrize("text", ['CALL search {"query": ', "CALL fly {}", "<tool_call>{oops}</tool_call>",
-                                  'CALL search ["a"]', '<tool_call>{"arguments": {}}</tool_call>'])
+@pytest.mark.parametrize(
+    "text",
+    [
+        'CALL search {"query": ',
+        "CALL fly {}",
+        "<tool_call>{oops}</tool_call>",
+        'CALL search ["a"]',
+        '<tool_call>{"arguments": {}}</tool_call>',
+    ],
+)
 def test_unreadable_calls(text: str) -> None:
     with pytest.raises(Unparseable):
         parse_text(text, TOOLS)
 
 
 def test_native_calls() -> None:
-    call = SimpleNamespace(id="c1", function=SimpleNamespace(name="search", arguments='{"query": "x"}'))
+    call = SimpleNamespace(
+        id="c1", function=SimpleNamespace(name="search", arguments='{"query": "x"}')
+    )
     assert parse_native([call], TOOLS) == [ToolCall("search", {"query": "x"}, "c1")]
     bad = SimpleNamespace(id="c2", function=SimpleNamespace(name="nope", arguments="{}"))
     with pytest.raises(Unparseable, match="unknown tool 'nope'"):
@@ -60,7 +73,10 @@ def test_final_answer_and_instructions() -> None:
 
 def test_fit_history_keeps_task_and_recent_turns() -> None:
     head = [{"role": "system", "content": "s"}, {"role": "user", "content": "task"}]
-    turns = [{"role": "assistant", "content": "a" * 100}, {"role": "user", "content": "o" * 100}] * 10
+    turns = [
+        {"role": "assistant", "content": "a" * 100},
+        {"role": "user", "content": "o" * 100},
+    ] * 10
     kept = fit_history(head + turns, budget=450)
     assert kept[:2] == head and len(kept) < len(head + turns)
     assert kept[-1] == turns[-1]

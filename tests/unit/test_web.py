@@ -6,7 +6,14 @@ import orjson
 import pytest
 from starlette.requests import Request
 
-from rollfleet.errors import Conflict, NotFound, PoolError, RollfleetError, StoreUnavailable, Unauthorized
+from rollfleet.errors import (
+    Conflict,
+    NotFound,
+    PoolError,
+    RollfleetError,
+    StoreUnavailable,
+    Unauthorized,
+)
 from rollfleet.web.errors import error_from_answer, error_named, error_response
 from rollfleet.web.serving import bearer_check, check_bind, token_matches
 
@@ -41,7 +48,9 @@ def test_check_bind_refuses_an_open_non_loopback_port() -> None:
     check_bind("::1", None)
 
 
-@pytest.mark.parametrize("exc", [NotFound("no rollout ro-1"), Conflict("fenced"), PoolError("broken")])
+@pytest.mark.parametrize(
+    "exc", [NotFound("no rollout ro-1"), Conflict("fenced"), PoolError("broken")]
+)
 def test_an_error_travels_and_comes_back_as_its_class(exc: RollfleetError) -> None:
     response = error_response(exc)
     back = error_from_answer(response.status_code, bytes(response.body))
@@ -50,12 +59,17 @@ def test_an_error_travels_and_comes_back_as_its_class(exc: RollfleetError) -> No
 
 
 def test_an_answer_that_is_not_our_shape_becomes_the_default_with_its_status() -> None:
-    back = error_from_answer(502, b"<html>bad gateway</html>", default=PoolError, where="http://h/pools")
+    back = error_from_answer(
+        502, b"<html>bad gateway</html>", default=PoolError, where="http://h/pools"
+    )
     assert type(back) is PoolError
     assert back.message == "<html>bad gateway</html> (HTTP 502 from http://h/pools)"
     plain = error_from_answer(500, b"oops")
     assert type(plain) is RollfleetError and plain.message == "HTTP 500: oops"
-    assert type(error_from_answer(404, orjson.dumps({"error": "NoSuchClass", "message": "m"}))) is RollfleetError
+    assert (
+        type(error_from_answer(404, orjson.dumps({"error": "NoSuchClass", "message": "m"})))
+        is RollfleetError
+    )
 
 
 def test_error_named_falls_back_to_the_default() -> None:

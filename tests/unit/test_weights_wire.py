@@ -84,7 +84,7 @@ async def test_other_refusals() -> None:
         await decode(chunks([b"NOPE" + struct.pack("<I", 0)]))
     with pytest.raises(InvalidInput, match="header: 16777216 bytes"):
         await decode(chunks([MAGIC + struct.pack("<I", 1 << 24)]))
-    twice = list(encode([("x", torch.zeros(2))])) [:-1] + list(encode([("x", torch.zeros(2))]))[1:]
+    twice = list(encode([("x", torch.zeros(2))]))[:-1] + list(encode([("x", torch.zeros(2))]))[1:]
     with pytest.raises(InvalidInput, match="'x' sent twice"):
         await decode(chunks(twice))
     with pytest.raises(InvalidInput, match="after the end marker"):
