@@ -20,8 +20,9 @@ from rollfleet.store.base import Store
 from rollfleet.store.sql_store import SqlStore
 
 if TYPE_CHECKING:
-    from rollfleet.coordinator.coordinator import AbortHook, RolloutCoordinator
+    from rollfleet.coordinator.coordinator import RolloutCoordinator
     from rollfleet.coordinator.election import Election
+    from rollfleet.coordinator.stragglers import AbortHook
     from rollfleet.engines.gateway import Gateway
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rollfleet.coordinator.actor import get_actor
 from rollfleet.coordinator.client import CoordinatorClient
-from rollfleet.coordinator.coordinator import AbortHook, RolloutCoordinator
+from rollfleet.coordinator.coordinator import RolloutCoordinator
 from rollfleet.coordinator.experiences import (
     Experience,
     ExperienceStats,
@@ -19,6 +19,7 @@ from rollfleet.coordinator.state import (
     FinalizeResult,
     StragglerPolicy,
 )
+from rollfleet.coordinator.stragglers import AbortHook
 
 __all__ = [
     "AbortHook",

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,13 +54,13 @@ from rollfleet.coordinator.state import (
     move_batch,
     rollout_specs,
 )
+from rollfleet.coordinator.stragglers import AbortHook, cancel_rollouts, split_pool
 from rollfleet.coordinator.waiting import wait_for_batch
 from rollfleet.errors import Conflict, InvalidInput, NotFound
-from rollfleet.model import ACTIVE_ROLLOUT, Rollout, RolloutConfig, RolloutSpec, RolloutStatus, now
+from rollfleet.model import RolloutConfig, RolloutSpec, RolloutStatus, now
 from rollfleet.store.base import Store
 
 log = logging.getLogger("rollfleet.coordinator")
-AbortHook = Callable[[str], Awaitable[None]]
 POLICY_KEY = "coordinator/policy_version"  # the version the engines serve, as the trainer said
 S = BatchLifecycleState
 
@@ -384,19 +384,8 @@ class RolloutCoordinator:
 
     async def _cancel(self, rollout_ids: list[str], batch: BatchState) -> None:
         """Cancel the non-terminal rollouts (running ones through the abort hook too), re-read."""
-        live = [r for r in await fetch_rollouts(self._s, rollout_ids) if not r.terminal]
-        await asyncio.gather(*(self._cancel_one(r) for r in live))
-        found = await fetch_rollouts(self._s, rollout_ids)
+        found = await cancel_rollouts(self._s, rollout_ids, self.abort_hook)
         batch.statuses.update({r.rollout_id: r.status for r in found})
-
-    async def _cancel_one(self, rollout: Rollout) -> None:
-        with contextlib.suppress(Conflict):  # it finished meanwhile: the caller keeps its result
-            await self._s.cancel(rollout.rollout_id)
-        if rollout.status in ACTIVE_ROLLOUT and self.abort_hook is not None:
-            try:
-                await self.abort_hook(rollout.rollout_id)
-            except Exception as exc:  # cancelled in the store: the runner stops at its heartbeat
-                log.warning("abort hook failed for %s: %s", rollout.rollout_id, exc)
 
     async def _commit(self, batch: BatchState, stragglers: list[str]) -> FinalizeResult:
         """Take the finished groups (and carried ones now done), aggregate, persist FINALIZED."""
@@ -406,7 +395,7 @@ class RolloutCoordinator:
         own = staleness(at, batch.admitted_at, 0)
         included = {r: own for g, ids in groups.items() if g not in stragglers for r in ids}
         pool = self._pool if batch.batch_type == "train" else []
-        ready, still = await self._split_pool(pool)
+        ready, still = await split_pool(self._s, pool)
         for c in ready:
             late = staleness(at, c.admitted_at, at - c.origin_index)
             included.update({r: late for r in c.rollout_ids})
@@ -436,18 +425,6 @@ class RolloutCoordinator:
             result.finished_task_count, batch.expected_task_count, len(ready), len(carried),
         )  # fmt: skip
         return result
-
-    async def _split_pool(self, pool: list[Carried]) -> tuple[list[Carried], list[Carried]]:
-        """Carried groups now wholly terminal, and those still running."""
-        if not pool:
-            return [], []
-        found = await fetch_rollouts(self._s, [r for c in pool for r in c.rollout_ids])
-        status = {r.rollout_id: r.status for r in found}
-
-        def done(c: Carried) -> bool:
-            return all(status.get(r, RolloutStatus.CANCELLED).terminal for r in c.rollout_ids)
-
-        return [c for c in pool if done(c)], [c for c in pool if not done(c)]
 
     # --- abort ----------------------------------------------------------------------------------
 
