@@ -24,6 +24,12 @@ def n(x: float, digits: int = 0) -> str:
     return f"{x:,.{digits}f}"
 
 
+def spread(f: dict[str, Any], digits: int = 1, scale: float = 1.0, unit: str = "") -> str:
+    """A median with its range: ``1.2 [1.0–1.5]`` (values times ``scale``, then ``unit``)."""
+    m, lo, hi = (f[k] * scale for k in ("median", "min", "max"))
+    return f"{m:,.{digits}f} [{lo:,.{digits}f}–{hi:,.{digits}f}]{unit}"
+
+
 def store_rows(d: dict[str, Any]) -> list[str]:
     ours, agl = d["ours_sqlite"], d.get("agentlightning_0_3_0")
     agl = agl if isinstance(agl, dict) else {}
@@ -357,7 +363,7 @@ def train_sched_rows(d: dict[str, Any]) -> list[str]:
     ceiling, rounds = d["ceiling_speedup"]["median"], c["rounds"]
 
     def cell(f: dict[str, Any]) -> str:
-        return f"{f['median']:.1f} [{f['min']:.1f}–{f['max']:.1f}]"
+        return spread(f)
 
     rows = []
     for k in (str(k) for k in c["ks"] if k):
@@ -384,7 +390,7 @@ def train_rows(d: dict[str, Any]) -> list[str]:
     sync = sides["0"]
 
     def cell(f: dict[str, Any]) -> str:
-        return f"{f['median']:.2f} [{f['min']:.2f}–{f['max']:.2f}]"
+        return spread(f, 2)
 
     rows = []
     for k in (k for k in sides if k != "0"):
@@ -407,7 +413,7 @@ def chaos_rows(d: dict[str, Any]) -> list[str]:
 
     def cell(s: dict[str, Any]) -> str:
         t = s["throughput_per_s"]
-        return f"{t['median']:.1f} [{t['min']:.1f}–{t['max']:.1f}]/s"
+        return spread(t, unit="/s")
 
     return [
         f"| chaos | rollouts/s, 1,000 sleep rollouts (0.2–1.5 s) on 4 runners x 4, a runner SIGKILLed every "
@@ -461,7 +467,7 @@ def multimodal_rows(d: dict[str, Any]) -> list[str]:
     last, total = lat["per_turn_s"][-1], lat["conversation_s"]
 
     def cell(s: dict[str, float]) -> str:
-        return f"{s['median'] * 1000:,.0f} [{s['min'] * 1000:,.0f}–{s['max'] * 1000:,.0f}] ms"
+        return spread(s, 0, scale=1000, unit=" ms")
 
     calls = lat["encoder_calls"]
     return [
