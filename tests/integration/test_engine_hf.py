@@ -52,6 +52,41 @@ async def test_engine_hf_batched_rows_match_solo_runs(engine) -> None:
     assert [r.completion_token_ids for r in batched] == [r.completion_token_ids for r in solo]
 
 
+async def test_engine_hf_requests_join_a_running_generation_and_match_their_solo_runs(
+    engine,
+) -> None:
+    """Continuous batching: a request that arrives while a long generation runs starts at the
+    next step and ends long before it; rows joining with longer and shorter prompts than the
+    running one's cache, and leaving again, change no row's greedy tokens."""
+    prompts = ["x", "a prompt far longer than the running generation's cache when it joins", "y"]
+    solo = [await engine.generate(GenerationRequest(prompt=p, params=GREEDY)) for p in prompts]
+    long = GenerationRequest(
+        prompt="go", params=SamplingParams(max_tokens=1000, temperature=0, ignore_eos=True)
+    )
+    long_solo = await engine.generate(long)
+    running = await streaming(engine, long, after=5)
+    joined = []
+    for prompt in prompts:  # one after another: each joins a batch the one before has left
+        joined.append(await engine.generate(GenerationRequest(prompt=prompt, params=GREEDY)))
+        assert not running.done(), "a request waited for the running generation to end"
+    both = await asyncio.gather(
+        *(engine.generate(GenerationRequest(prompt=p, params=GREEDY)) for p in prompts)
+    )
+    assert not running.done()
+    assert [r.completion_token_ids for r in joined] == [r.completion_token_ids for r in solo]
+    assert [r.completion_token_ids for r in both] == [r.completion_token_ids for r in solo]
+    assert (await running).completion_token_ids == long_solo.completion_token_ids
+
+
+async def test_engine_hf_requests_beyond_max_batch_wait_for_a_free_row(engine) -> None:
+    """With every row taken, a request waits for one to free up, then joins (max_batch=4)."""
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    requests = [GenerationRequest(prompt=f"row {i}", params=params) for i in range(7)]
+    solo = [await engine.generate(r) for r in requests]
+    together = await asyncio.gather(*(engine.generate(r) for r in requests))
+    assert [r.completion_token_ids for r in together] == [r.completion_token_ids for r in solo]
+
+
 async def test_engine_hf_weight_update_changes_the_generated_tokens(engine) -> None:
     from rollfleet.engines.hf import tiny_hf_model
 
@@ -99,18 +134,7 @@ async def test_engine_hf_abort_returns_partial_tokens(engine) -> None:
                 return item
         raise AssertionError("no result")
 
-    # Hold the worker thread until all four are queued, so they share one batch: a request
-    # that arrives while a batch runs waits for it, and could finish before the abort.
-    gate = threading.Event()
-    engine.inbox.put(gate.wait)
-    tasks = [asyncio.create_task(run(i)) for i in range(4)]
-
-    async def queued() -> None:
-        while engine.inbox.qsize() < 4:
-            await asyncio.sleep(0.01)
-
-    await asyncio.wait_for(queued(), 30)
-    gate.set()
+    tasks = [asyncio.create_task(run(i)) for i in range(4)]  # later ones join the batch
     await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 60)
     assert await asyncio.wait_for(engine.abort(None), 1.0) == 4
     for result in await asyncio.wait_for(asyncio.gather(*tasks), 10):

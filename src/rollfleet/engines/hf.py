@@ -1,8 +1,9 @@
 """Hugging Face transformers engine (CPU or GPU), batched, with double-buffered weight updates.
 
-One worker thread owns the model. It takes up to ``max_batch`` waiting requests, left-pads
-them into one batch and decodes token by token with the KV cache, checking each row's abort
-flag between tokens. Weight updates are copied into a second copy of the model (the standby)
+One worker thread owns the model. It decodes one left-padded batch token by token with the KV
+cache (:mod:`rollfleet.engines.hf_batch`), checking each row's abort flag between tokens;
+waiting requests join the batch between two steps, up to ``max_batch`` rows, and finished
+rows leave it. Weight updates are copied into a second copy of the model (the standby)
 while generation goes on, and the worker swaps the two between two decode steps, so no
 generation ever sees half-updated weights and decoding stops only for the swap (and the KV
 recompute of running rows). ``double_buffer=False`` copies into the live parameters in place
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import inspect
 import logging
 import queue
 import time
@@ -21,10 +21,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from rollfleet.engines.base import (
-    Delta,
     FinishReason,
     GenerationRequest,
     NamedTensors,
@@ -32,24 +29,16 @@ from rollfleet.engines.base import (
     message_text,
 )
 from rollfleet.engines.buckets import DEFAULT_BUCKET_BYTES
-from rollfleet.engines.llamacpp_model import find_stop, sample
+from rollfleet.engines.hf_batch import DecodeBatch
 from rollfleet.engines.threaded import STOP, Pending, ThreadedEngine
 from rollfleet.engines.tiny import tiny_hf_model as tiny_hf_model  # re-exported: its old home
-from rollfleet.errors import EngineError, RollfleetError
+from rollfleet.errors import EngineError
 
 log = logging.getLogger("rollfleet.engines")
 
 
-def _cache_of(model: Any, out: Any) -> dict[str, Any]:
-    """The KV cache of ``out`` as the keyword ``model`` takes it: transformers 5.2x renamed
-    ``past_key_values`` to ``cache`` (on the output too); older releases know only the old name."""
-    params = inspect.signature(model.forward).parameters
-    cache = out.cache if hasattr(out, "cache") else out.past_key_values
-    return {"cache": cache} if "cache" in params else {"past_key_values": cache}
-
-
 class HFEngine(ThreadedEngine):
-    """transformers model served from one worker thread with static batching."""
+    """transformers model served from one worker thread, with continuous batching."""
 
     name = "hf"
 
@@ -244,33 +233,37 @@ class HFEngine(ThreadedEngine):
 
     # -- worker thread -----------------------------------------------------------------
     def work(self) -> None:
-        """The worker thread: collect waiting requests, run them as one batch, repeat."""
-        waiting: list[Pending] = []
+        """The worker thread: start a batch with the waiting requests, which decodes until no
+        row is left (requests that arrive meanwhile join it between two steps), repeat."""
         while True:
-            if self.held:  # what arrived during the last batch, in order
-                item = self.held.pop(0)
-            else:
-                item = self.inbox.get() if not waiting else self._next_nowait()
+            item = self.held.pop(0) if self.held else self.inbox.get()
             if item is STOP:
                 break
-            if isinstance(item, Pending):
-                waiting.append(item)
-                continue
             if callable(item):
                 item()
                 continue
-            batch, waiting = waiting[: self.max_concurrency], waiting[self.max_concurrency :]
+            waiting = [item]
+            while len(waiting) < self.max_concurrency and isinstance(self.peek(), Pending):
+                waiting.append(self.held.pop(0))
+            batch = DecodeBatch(self, waiting)
             try:
-                _Batch(self, batch).run()
+                batch.run()
             except Exception as exc:  # a model error fails its requests, never hangs them
                 log.exception("hf: batch failed")
-                for pending in batch:
-                    pending.finish(EngineError(f"hf: generation failed: {exc!r}"))
+                batch.fail(EngineError(f"hf: generation failed: {exc!r}"))
         held = [item for item in self.held if isinstance(item, Pending)]
-        for pending in waiting + held + self._drain():
+        for pending in held + self._drain():
             pending.finish(self.result(pending.request, "", [], [], [], FinishReason.ABORT))
 
-    def _next_nowait(self) -> Any:
+    def peek(self) -> Any:
+        """On the worker: the next held item (the inbox's next one moved to the held list
+        first), or None when nothing waits."""
+        if not self.held and (item := self.next_nowait()) is not None:
+            self.held.append(item)
+        return self.held[0] if self.held else None
+
+    def next_nowait(self) -> Any:
+        """On the worker: the inbox's next item, or None when it is empty."""
         try:
             return self.inbox.get_nowait()
         except queue.Empty:
@@ -278,7 +271,7 @@ class HFEngine(ThreadedEngine):
 
     def _drain(self) -> list[Pending]:
         items = []
-        while (item := self._next_nowait()) is not None:
+        while (item := self.next_nowait()) is not None:
             if isinstance(item, Pending):
                 items.append(item)
         return items
@@ -309,161 +302,6 @@ class HFEngine(ThreadedEngine):
     def prefill_inputs(self, model: Any, ids: Any, extras: list[Any]) -> dict[str, Any]:
         """The model's keyword inputs for a prefill of the padded ``ids`` (one extra per row)."""
         return {"input_ids": ids}
-
-
-class _Row:
-    """One request inside a batch."""
-
-    def __init__(self, pending: Pending, prompt: list[int], extra: Any, version: int) -> None:
-        self.pending, self.prompt, self.extra = pending, prompt, extra
-        self.spans = [(0, version)]  # (first token, weights version) of each run of tokens
-        self.out: list[int] = []
-        self.logprobs: list[float] = []
-        self.text = ""
-        self.done = False
-        self.rng = np.random.default_rng(pending.request.params.seed)
-
-
-class _Batch:
-    """Left-padded batch decoding with per-row abort, stop strings and EOS."""
-
-    def __init__(self, engine: HFEngine, pendings: list[Pending]) -> None:
-        self.engine = engine
-        self.rows: list[_Row] = []
-        for pending in pendings:
-            if pending.aborted.is_set():
-                pending.finish(engine.result(pending.request, "", [], [], [], FinishReason.ABORT))
-                continue
-            try:
-                prompt, extra = engine.prepare(pending.request)
-            except RollfleetError as exc:  # a refused image: the caller's own error
-                pending.finish(exc)
-                continue
-            except Exception as exc:  # a bad prompt fails its own request only
-                pending.finish(EngineError(f"hf: cannot tokenize the prompt: {exc}"))
-                continue
-            self.rows.append(_Row(pending, prompt, extra, engine.version))
-        eos = engine.hf_model.generation_config.eos_token_id
-        self.eos = set(eos if isinstance(eos, list) else [eos]) - {None}
-
-    def run(self) -> None:
-        """Decode until every row has finished or been aborted."""
-        import torch
-
-        if not self.rows:
-            return
-        model, device = self.engine.hf_model, self.engine.device
-        width = max(len(r.prompt) for r in self.rows)
-        ids = torch.zeros((len(self.rows), width), dtype=torch.long, device=device)
-        mask = torch.zeros_like(ids)
-        for i, row in enumerate(self.rows):
-            ids[i, width - len(row.prompt) :] = torch.tensor(row.prompt)
-            mask[i, width - len(row.prompt) :] = 1
-        position = (mask.cumsum(-1) - 1).clamp(min=0)
-        limit = max(r.pending.request.params.max_tokens for r in self.rows)
-        extras = [row.extra for row in self.rows]
-        with torch.inference_mode():
-            inputs = self.engine.prefill_inputs(model, ids, extras)
-            out = model(**inputs, attention_mask=mask, position_ids=position, use_cache=True)
-            for _ in range(limit):
-                tokens = self._sample(out.logits[:, -1, :].float().cpu().numpy())
-                if all(r.done for r in self.rows):
-                    return
-                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-                position = position[:, -1:] + 1
-                out = model(
-                    input_ids=torch.tensor(tokens, device=device)[:, None],
-                    attention_mask=mask,
-                    position_ids=position,
-                    use_cache=True,
-                    **_cache_of(model, out),
-                )
-                if self.engine.interruptible and self._run_controls():  # the cache is stale
-                    model = self.engine.hf_model  # a double-buffered swap replaced it
-                    out, mask, position = self._recompute()
-        for row in self.rows:
-            if not row.done:
-                self._finish(row, FinishReason.LENGTH)
-
-    def _run_controls(self) -> bool:
-        """Run the calls queued for the worker (weight swaps) between two steps; requests that
-        arrived are held for the next batch. True when the weights version changed."""
-        before = self.engine.version
-        while (item := self.engine._next_nowait()) is not None:
-            if callable(item):
-                item()
-            else:
-                self.engine.held.append(item)  # a request, or STOP: after this batch
-        if self.engine.version == before:
-            return False
-        for row in self.rows:
-            if not row.done:
-                row.spans.append((len(row.out), self.engine.version))
-        return True
-
-    def _recompute(self) -> tuple[Any, Any, Any]:
-        """Prefill every row's prompt and tokens so far under the current weights (the KV cache
-        must be the new model's); the next token is sampled from the returned logits."""
-        import torch
-
-        model, device = self.engine.hf_model, self.engine.device
-        seqs = [row.prompt + row.out for row in self.rows]
-        width = max(len(seq) for seq in seqs)
-        ids = torch.zeros((len(seqs), width), dtype=torch.long, device=device)
-        mask = torch.zeros_like(ids)
-        for i, seq in enumerate(seqs):
-            ids[i, width - len(seq) :] = torch.tensor(seq)
-            mask[i, width - len(seq) :] = 1
-        position = (mask.cumsum(-1) - 1).clamp(min=0)
-        inputs = self.engine.prefill_inputs(model, ids, [row.extra for row in self.rows])
-        out = model(**inputs, attention_mask=mask, position_ids=position, use_cache=True)
-        return out, mask, position
-
-    def _sample(self, logits: np.ndarray) -> list[int]:
-        tokens = []
-        for row, row_logits in zip(self.rows, logits, strict=False):
-            token = 0
-            if not row.done:
-                token = self._advance(row, row_logits)
-            tokens.append(token)
-        return tokens
-
-    def _advance(self, row: _Row, logits: np.ndarray) -> int:
-        params = row.pending.request.params
-        if row.pending.aborted.is_set():
-            self._finish(row, FinishReason.ABORT)
-            return 0
-        token, logprob = sample(logits, params, row.rng)
-        if token in self.eos and not params.ignore_eos:
-            self._finish(row, FinishReason.STOP)
-            return token
-        row.out.append(token)
-        row.logprobs.append(logprob)
-        text = self.engine.tokenizer.decode(row.out, skip_special_tokens=True)
-        new, row.text = text[len(row.text) :], text
-        cut = find_stop(row.text, params.stop)
-        if cut >= 0:
-            row.text = row.text[:cut]
-            self._finish(row, FinishReason.STOP)
-        else:
-            row.pending.emit(Delta(new, (token,), (logprob,)))
-            if len(row.out) >= params.max_tokens:
-                self._finish(row, FinishReason.LENGTH)
-        return token
-
-    def _finish(self, row: _Row, reason: FinishReason) -> None:
-        row.done = True
-        row.pending.finish(
-            self.engine.result(
-                row.pending.request,
-                row.text,
-                row.prompt,
-                row.out,
-                row.logprobs,
-                reason,
-                row.spans,
-            )
-        )
 
 
 def _safetensors(path: Path) -> NamedTensors:
