@@ -34,11 +34,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("rollfleet.engines")
 
 
-def cache_keyword(model: Any) -> str:
-    """The keyword ``model.forward`` takes its KV cache by: transformers 5.2x renamed
-    ``past_key_values`` to ``cache``; older releases know only the old name."""
+def forward_keywords(model: Any) -> tuple[str, bool]:
+    """The keyword ``model.forward`` takes its KV cache by (transformers 5.2x renamed
+    ``past_key_values`` to ``cache``; older releases know only the old name), and whether it
+    can compute the logits of the last position alone (``logits_to_keep``)."""
     params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+    return ("cache" if "cache" in params else "past_key_values"), "logits_to_keep" in params
 
 
 def output_cache(out: Any) -> Any:
@@ -133,6 +134,7 @@ class DecodeBatch:
 
     def __init__(self, engine: HFEngine, pendings: list[Pending]) -> None:
         self.engine = engine
+        self.cache_keyword, self.last_logits_only = forward_keywords(engine.hf_model)
         self.rows = self.admit(pendings)
         eos = engine.hf_model.generation_config.eos_token_id
         self.eos = set(eos if isinstance(eos, list) else [eos]) - {None}
@@ -238,7 +240,7 @@ class DecodeBatch:
             mask[i, width - len(seq) :] = 1
         position = (mask.cumsum(-1) - 1).clamp(min=0)
         inputs = self.engine.prefill_inputs(model, ids, [row.extra for row in rows])
-        if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        if self.last_logits_only:
             inputs["logits_to_keep"] = 1  # not (rows, width, vocab) floats for one column
         out = model(**inputs, attention_mask=mask, position_ids=position, use_cache=True)
         return State(out.logits[:, -1, :], output_cache(out), mask, position[:, -1:])
@@ -255,7 +257,7 @@ class DecodeBatch:
             attention_mask=mask,
             position_ids=position,
             use_cache=True,
-            **{cache_keyword(model): state.cache},
+            **{self.cache_keyword: state.cache},
         )
         return State(out.logits[:, -1, :], output_cache(out), mask, position)
 
