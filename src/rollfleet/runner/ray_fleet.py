@@ -203,11 +203,13 @@ class RayFleet:
         self.actors: dict[str, Any] = {}
         self._stopping = asyncio.Event()
         self.agent_error: str | None = None
+        self._connected = False  # this fleet called ray.init, so it disconnects at the end
 
     def start(self) -> None:
         """Connect to (or start) Ray and create the actors."""
         ray = self._ray
         if not ray.is_initialized():
+            self._connected = True
             if self.address:
                 ray.init(address=self.address, log_to_driver=False)
             else:
@@ -246,10 +248,15 @@ class RayFleet:
                     raise
 
     async def run(self) -> None:
-        """Start the actors and keep them until stop()."""
-        await asyncio.to_thread(self.start)
-        await self._stopping.wait()
-        await asyncio.to_thread(self._shutdown)
+        """Start the actors and keep them until stop(); disconnect from Ray if this fleet
+        connected (left to exit time, Ray's teardown aborted the process: exit status -6)."""
+        try:
+            await asyncio.to_thread(self.start)
+            await self._stopping.wait()
+            await asyncio.to_thread(self._shutdown)
+        finally:
+            if self._connected:
+                await asyncio.to_thread(self._ray.shutdown)
 
     def _shutdown(self) -> None:
         ray = self._ray
