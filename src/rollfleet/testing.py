@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -56,15 +57,20 @@ class ServeProcess:
         ]
         self.proc: subprocess.Popen[bytes] | None = None
         self._popen = subprocess.Popen
+        self._log = tempfile.TemporaryFile()  # the server's output, shown if it fails to start
 
     def start(self, timeout: float = 60.0) -> ServeProcess:
         """Start and wait for /health."""
-        self.proc = self._popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._log.seek(0)
+        self._log.truncate()
+        self.proc = self._popen(self.args, stdout=subprocess.DEVNULL, stderr=self._log)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self._log.seek(0)
+                said = self._log.read()[-3000:].decode(errors="replace")
                 raise RuntimeError(
-                    f"server exited with {self.proc.returncode}: {' '.join(self.args)}"
+                    f"server exited with {self.proc.returncode}: {' '.join(self.args)}\n{said}"
                 )
             try:
                 if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:

@@ -33,6 +33,34 @@ RETRIES = 5
 
 
 @cache
+def _schema_names() -> tuple[frozenset[str], frozenset[str]]:
+    """The tables and indexes the schema script makes, and the old indexes it drops."""
+    script = queries.load("postgresql")["schema"]
+    made = re.findall(r"(?:TABLE|INDEX) IF NOT EXISTS (\w+)", script)
+    dropped = re.findall(r"DROP INDEX IF EXISTS (\w+)", script)
+    return frozenset(made), frozenset(dropped)
+
+
+def _schema_current(conn: Any) -> bool:
+    """Whether the schema is already as this version makes it: every table and index there,
+    none it drops, the newest columns added. Read from the catalogs, which lock no table: the
+    DDL itself does (CREATE INDEX IF NOT EXISTS takes a SHARE lock on its table even when the
+    index exists), and a replica (re)starting beside live ones deadlocked with their writes."""
+    made, dropped = _schema_names()
+    names = {
+        row["relname"]
+        for row in conn.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = current_schema()"
+        ).fetchall()
+    }
+    if not made <= names or dropped & names:
+        return False
+    columns = conn.execute(_queries()["rollout_columns"]).fetchall()
+    return "available_at" in {row["name"] for row in columns}
+
+
+@cache
 def _queries() -> dict[str, str]:
     return {name: _PARAM.sub(r"%(\1)s", sql) for name, sql in queries.load("postgresql").items()}
 
@@ -157,9 +185,17 @@ class PostgresBackend:
                 kwargs={"row_factory": dict_row, "autocommit": False},
             )
             self._pool.wait(timeout=30)
-            with self._pool.connection() as conn:
-                conn.execute("SELECT pg_advisory_xact_lock(7740113)")  # one migrator at a time
-                migrate(PostgresTx(conn))
+            for attempt in range(RETRIES):
+                try:
+                    with self._pool.connection() as conn:
+                        if _schema_current(conn):
+                            break
+                        conn.execute("SELECT pg_advisory_xact_lock(7740113)")  # one migrator
+                        migrate(PostgresTx(conn))
+                    break
+                except psycopg.errors.DeadlockDetected:  # its transaction was rolled back
+                    if attempt == RETRIES - 1:
+                        raise
         except psycopg.Error as exc:
             raise StoreUnavailable(f"cannot reach PostgreSQL at {url}: {exc}") from exc
         except Exception as exc:  # psycopg_pool.PoolTimeout and friends
