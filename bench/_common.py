@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -100,3 +101,8 @@ def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
 
 
 PY = sys.executable
+
+
+def median_range(values: list[float]) -> dict[str, float]:
+    """A figure over the rounds: its median, min and max."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}

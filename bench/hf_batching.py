@@ -23,7 +23,7 @@ import statistics
 import time
 from typing import Any
 
-from bench._common import table, write_results
+from bench._common import median_range, table, write_results
 from bench.weights import smollm2_135m
 
 COMMAND = "python -m bench hf_batching"
@@ -109,11 +109,6 @@ def figures(latencies: list[float]) -> dict[str, float]:
     }
 
 
-def spread(values: list[float]) -> dict[str, float]:
-    """Median and range."""
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 async def run() -> dict[str, Any]:
     """Alternating rounds of both sides on one model."""
     from rollfleet.engines.hf import HFEngine
@@ -145,7 +140,7 @@ async def run() -> dict[str, Any]:
         "same_tokens": f"{min(same)} of {REQUESTS}",
     }
     for side, rounds in sides.items():
-        out[side] = {key: spread([r[key] for r in rounds]) for key in rounds[0]}
+        out[side] = {key: median_range([r[key] for r in rounds]) for key in rounds[0]}
     out["makespan_speedup"] = (
         out["baseline"]["makespan_s"]["median"] / out["rollfleet"]["makespan_s"]["median"]
     )

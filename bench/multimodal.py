@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import io
-import statistics
 import time
 from typing import Any
 
-from bench._common import table, write_results
+from bench._common import median_range, table, write_results
 
 COMMAND = "python -m bench multimodal"
 ROUNDS = 3
@@ -63,10 +62,6 @@ def _conversation(turns: int) -> list[dict[str, Any]]:
     return messages
 
 
-def _spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 async def _one_conversation(engine: Any, cache_bytes: int) -> tuple[list[float], list[list[int]]]:
     """Per-turn seconds and tokens of one conversation on a fresh cache of ``cache_bytes``."""
     from rollfleet.engines.base import GenerationRequest, SamplingParams
@@ -103,9 +98,9 @@ async def _latency() -> dict[str, Any]:
                 calls[side] = engine.encoder_calls
     finally:
         await engine.stop()
-    per_turn = [{"turn": t + 1, **{side: _spread([r[t] for r in runs[side]]) for side in sides}}
+    per_turn = [{"turn": t + 1, **{side: median_range([r[t] for r in runs[side]]) for side in sides}}
                 for t in range(TURNS)]  # fmt: skip
-    totals = {side: _spread([sum(r) for r in runs[side]]) for side in sides}
+    totals = {side: median_range([sum(r) for r in runs[side]]) for side in sides}
     return {
         "model": f"tiny random Idefics3 built from a config ({VLM}), screenshots {SCREEN}",
         "rounds": ROUNDS, "turns": TURNS, "new_tokens": NEW_TOKENS,

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench._common import PY, ROOT, free_port, start, stop, table, write_results
+from bench._common import PY, ROOT, free_port, median_range, start, stop, table, write_results
 from bench.store_throughput import SEED, clients
 
 ROUNDS = int(os.environ.get("AB_ROUNDS", "3"))
@@ -95,11 +94,6 @@ def e2e_round(tree: Path) -> float:
     return float(json.loads(out.stdout.strip().splitlines()[-1])["rollouts_per_s"])
 
 
-def spread(values: list[float]) -> dict[str, float]:
-    """Median, min and max of one side's rounds."""
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def main() -> dict[str, Any]:
     """Alternate base and head over ROUNDS rounds; write bench/results/refactor_ab.json."""
     base_rev = os.environ.get("AB_BASE", "HEAD~1")
@@ -133,7 +127,7 @@ def main() -> dict[str, Any]:
         ("store", "claim+complete/s, HTTP, 4 workers batched"),
         ("e2e", "rollouts/s, 4 local runners x 64, 50 ms sleep agent"),
     ):
-        b, h = spread(rounds[workload]["base"]), spread(rounds[workload]["head"])
+        b, h = median_range(rounds[workload]["base"]), median_range(rounds[workload]["head"])
         figures[workload] = {"base": b, "head": h, "ratio": h["median"] / b["median"]}
         rows.append(
             [

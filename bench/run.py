@@ -21,14 +21,13 @@ their range. Wall time is the whole command's, start-up included, as a user wait
 from __future__ import annotations
 
 import json
-import statistics
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench._common import PY, ROOT, table, write_results
+from bench._common import PY, ROOT, median_range, table, write_results
 
 COMMAND = "python -m bench run"
 DATA = ROOT / "src" / "rollfleet" / "examples" / "math.jsonl"
@@ -95,10 +94,6 @@ def _naive(model: Path) -> dict[str, Any]:
     }
 
 
-def _spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def main() -> dict[str, Any]:
     """Alternate every side over ROUNDS rounds; print and write bench/results/run.json."""
     from rollfleet.engines.llamacpp_model import batch_friendly, bundled_gguf
@@ -121,8 +116,8 @@ def main() -> dict[str, Any]:
     for name, results in runs.items():
         figures[name] = {
             "rounds": results,
-            "wall_s": _spread([x["wall_s"] for x in results]),
-            "tokens_per_s": _spread([x["tokens_per_s"] for x in results]),
+            "wall_s": median_range([x["wall_s"] for x in results]),
+            "tokens_per_s": median_range([x["tokens_per_s"] for x in results]),
         }
     for f in figures.values():
         f["tokens_per_s_vs_naive"] = (

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench._common import write_results
+from bench._common import median_range, write_results
 from rollfleet.client import connect
 from rollfleet.coordinator import BatchLifecycleState, RolloutCoordinator
 from rollfleet.model import AttemptStatus, Rollout, RolloutResult
@@ -221,10 +221,6 @@ def durations(rng: random.Random) -> list[list[float]]:
     ]
 
 
-def _spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def ceiling(sync_run: dict[str, Any]) -> float:
     """The speed-up if generation were wholly hidden: a synchronous step over train + push."""
     phases = sync_run["phase_mean_s"]
@@ -240,15 +236,19 @@ def summarize(runs: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
         speedups = [
             r["samples_per_s"] / s["samples_per_s"] for r, s in zip(rows, sync, strict=True)
         ]
-        phases = {p: _spread([r["phase_mean_s"][p] for r in rows]) for p in rows[0]["phase_mean_s"]}
+        phases = {
+            p: median_range([r["phase_mean_s"][p] for r in rows]) for p in rows[0]["phase_mean_s"]
+        }
         out[str(k)] = {
-            "samples_per_s": _spread([r["samples_per_s"] for r in rows]),
-            "step_s": _spread([r["step_s"] for r in rows]),
-            "speedup_vs_sync": _spread(speedups),
-            "speedup_of_ceiling": _spread([u / c for u, c in zip(speedups, ceilings, strict=True)]),
+            "samples_per_s": median_range([r["samples_per_s"] for r in rows]),
+            "step_s": median_range([r["step_s"] for r in rows]),
+            "speedup_vs_sync": median_range(speedups),
+            "speedup_of_ceiling": median_range(
+                [u / c for u, c in zip(speedups, ceilings, strict=True)]
+            ),
             "phase_mean_s": phases,
-            "fleet_busy_fraction": _spread([r["fleet_busy_fraction"] for r in rows]),
-            "staleness_measured_mean": _spread([r["staleness_measured_mean"] for r in rows]),
+            "fleet_busy_fraction": median_range([r["fleet_busy_fraction"] for r in rows]),
+            "staleness_measured_mean": median_range([r["staleness_measured_mean"] for r in rows]),
             "staleness_measured_max": max(r["staleness_measured_max"] for r in rows),
             "staleness_recorded_max": max(r["staleness_recorded_max"] for r in rows),
             "over_k": sum(r["over_k_measured"] + r["over_k_recorded"] for r in rows),
@@ -295,7 +295,7 @@ async def compare() -> dict[str, Any]:
             "longest_task_per_batch_s": [max(b) for b in plan],
         },
         "summary": summary,
-        "ceiling_speedup": _spread([ceiling(s) for s in runs[0]]),
+        "ceiling_speedup": median_range([ceiling(s) for s in runs[0]]),
         "runs": {str(k): rows for k, rows in runs.items()},
         "areal": {
             "speedup": AREAL_SPEEDUP,

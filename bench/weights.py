@@ -31,7 +31,7 @@ import subprocess
 import time
 from typing import Any
 
-from bench._common import PY, ROOT, free_port, table, write_results
+from bench._common import PY, ROOT, free_port, median_range, table, write_results
 
 COMMAND = "python -m bench weights"
 ROUNDS = 3
@@ -61,10 +61,6 @@ def smollm2_135m(seed: int = 0) -> tuple[Any, Any]:
         bos_token_id=0,
     )
     return LlamaForCausalLM(config).eval(), tokenizer
-
-
-def _spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 async def _sync() -> dict[str, Any]:
@@ -108,10 +104,10 @@ async def _sync() -> dict[str, Any]:
         server.wait()
     return {
         "megabytes": mb,
-        "memcpy_s": _spread(copy_s),
-        "push_s": _spread(push_s),
-        "install_s": _spread(install_s),
-        "update_s": _spread(update_s),
+        "memcpy_s": median_range(copy_s),
+        "push_s": median_range(push_s),
+        "install_s": median_range(install_s),
+        "update_s": median_range(update_s),
         "memcpy_mb_s": mb / statistics.median(copy_s),
         "push_mb_s": mb / statistics.median(push_s),
         "push_vs_memcpy": statistics.median(copy_s) / statistics.median(push_s),
@@ -141,8 +137,8 @@ async def _pauses(double_buffer: bool) -> dict[str, Any]:
         await engine.stop()
     return {
         "first_update_s": total_s[0],
-        "pause_s": _spread(pause_s[1:]),
-        "update_s": _spread(total_s[1:]),
+        "pause_s": median_range(pause_s[1:]),
+        "update_s": median_range(total_s[1:]),
     }
 
 
@@ -223,7 +219,7 @@ async def _all_swaps() -> dict[str, Any]:
     return {
         mode: {
             "rounds": rs,
-            "tokens_per_s": _spread([x["tokens_per_s"] for x in rs]),
+            "tokens_per_s": median_range([x["tokens_per_s"] for x in rs]),
             "kept_vs_no_swaps": statistics.median(x["tokens_per_s"] for x in rs) / base,
             "wasted_tokens": statistics.median(x["wasted_tokens"] for x in rs),
             "swap_delay_s": statistics.median(x["swap_delay_s"] for x in rs),

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench._common import table, write_results
+from bench._common import median_range, table, write_results
 
 COMMAND = "python -m bench weights_delta"
 ROUNDS = 5
@@ -67,10 +67,6 @@ def one_step(model: Any, trainable: tuple[str, ...] | None) -> float:
     return time.perf_counter() - started
 
 
-def _spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def _nbytes(tensors: list[tuple[str, Any]]) -> int:
     return sum(t.numel() * t.element_size() for _, t in tensors)
 
@@ -95,7 +91,7 @@ async def _pushes(url: str, gateway: Any, full: list[Any], delta: list[Any]) -> 
                 answer = await push_weights(url, tensors, version, transport=transport, **base)
                 runs[kind].append(time.perf_counter() - started)
                 runs[f"{kind}_install"].append(answer["update_s"]["hf-0"])
-        out[transport] = {key: _spread(values) for key, values in runs.items()}
+        out[transport] = {key: median_range(values) for key, values in runs.items()}
         out[transport]["delta_vs_full"] = (statistics.median(runs["full"])
                                            / statistics.median(runs["delta"]))  # fmt: skip
     return out
@@ -117,7 +113,7 @@ def _exports(state: list[Any], delta: list[Any]) -> dict[str, Any]:
                 made = export_gguf(served, tensors, directory, "f16", kind, partial=kind == "delta")
                 runs[kind].append(time.perf_counter() - started)
                 made.path.unlink()
-    figures: dict[str, Any] = {kind: _spread(values) for kind, values in runs.items()}
+    figures: dict[str, Any] = {kind: median_range(values) for kind, values in runs.items()}
     figures["delta_vs_full"] = statistics.median(runs["full"]) / statistics.median(runs["delta"])
     return figures
 

@@ -1,0 +1,210 @@
+"""README rows for the engine, weights and training benchmarks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench._report_cells import n, spread
+
+
+def engine_rows(d: dict[str, Any]) -> list[str]:
+    b = d["llamacpp"]["batched"]
+    return [
+        f"| engines | llama.cpp SmolLM2-135M tokens/s at concurrency 1 / 4 / 8 | "
+        f"{n(b['1'])} / {n(b['4'])} / {n(b['8'])} | – | {d['llamacpp']['batched_ratio_vs_1']['8']:.2f}× at 8 |",
+        f"| engines | gateway overhead per request over HTTP (trivial engine) | "
+        f"{d['overhead']['echo']['overhead_http_ms']:.2f} ms | – | target ≤ 2 ms |",
+    ]
+
+
+def hf_batching_rows(d: dict[str, Any]) -> list[str]:
+    """Continuous batching on the HF engine vs static batching with model.generate."""
+    w, ours, theirs = d["workload"], d["rollfleet"], d["baseline"]
+    what = (
+        f"{w['requests']} greedy requests arriving every {w['gap_s'] * 1000:.0f} ms, "
+        f"{min(w['lengths'])}–{max(w['lengths'])} tokens, at most {w['max_batch']} rows "
+        f"({w['model']}), median [range] of {d['rounds']} alternating rounds; same tokens: "
+        f"{d['same_tokens']}"
+    )
+    return [
+        f"| hf engine | first arrival to last completion, {what} | "
+        f"{spread(ours['makespan_s'], 1, unit=' s')} (continuous batching) | "
+        f"{spread(theirs['makespan_s'], 1, unit=' s')} (model.generate on what has arrived) | "
+        f"{d['makespan_speedup']:.2f}× |",
+        f"| hf engine | mean latency, arrival to completion, same run | "
+        f"{spread(ours['mean_latency_s'], 2, unit=' s')} | "
+        f"{spread(theirs['mean_latency_s'], 2, unit=' s')} | {d['latency_speedup']:.2f}× |",
+    ]
+
+
+def weights_rows(d: dict[str, Any]) -> list[str]:
+    sync, swaps = d["sync"], d["swaps"]
+    rows = [
+        f"| weights | push of a SmolLM2-135M-shaped state dict ({sync['megabytes']:.0f} MB fp32) to a gateway "
+        f"in another process on this host (shared memory), median of 3 alternating rounds | {sync['push_mb_s']:,.0f} MB/s | {sync['memcpy_mb_s']:,.0f} MB/s (in-memory copy "
+        f"of the same tensors: the limit) | {sync['push_vs_memcpy']:.2f}× |",
+        f"| weights | generation stopped while the HF engine installs a pushed update (double buffer: a "
+        f"pointer swap; the KV recompute of running rows is in the swap delay below) | "
+        f"{sync['install_s']['median'] * 1000:.3f} ms | "
+        f"{sync['in_process']['in_place']['pause_s']['median'] * 1000:.0f} ms (in-place copy) | target ≤ 50 ms |",
+    ]
+    for mode in ("interruptible", "drain", "abort"):
+        f = swaps[mode]
+        rows.append(
+            f"| weights | tokens/s kept, {d['concurrent']} generations of {d['max_tokens']} tokens, a swap every "
+            f"{d['swap_every_s']:.0f} s (HF, CPU): {mode} | {f['tokens_per_s']['median']:.1f} (swap delay "
+            f"{f['swap_delay_s']:.2f} s, {f['wasted_tokens']:.0f} tokens thrown away) | "
+            f"{swaps['none']['tokens_per_s']['median']:.1f} (no swaps) | {f['kept_vs_no_swaps']:.2f}× |"
+        )
+    return rows
+
+
+def llamacpp_weights_rows(d: dict[str, Any]) -> list[str]:
+    rows = []
+    for kind in ("f16", "q8_0"):
+        loaded = d[kind]["loaded"]
+        rows.append(
+            f"| weights | llama.cpp: longest stop between tokens while a {kind} update of SmolLM2-135M is "
+            f"exported and swapped in under 4 streaming clients (interruptible) | "
+            f"{loaded['longest_gap_during_update_s']:.2f} s | {loaded['longest_gap_before_s']:.2f} s "
+            f"(longest gap before) | target ≤ 1 s |"
+        )
+    return rows
+
+
+def llama_server_rows(d: dict[str, Any]) -> list[str]:
+    m = d["models"]["q8_0"]
+    e, s = m["engine"]["tokens_per_s"], m["llama_server"]["tokens_per_s"]
+    rows = [
+        f"| engines | llama.cpp engine vs llama-server (`-np 8`, same Q8_0 file, 2 threads) tokens/s at {c}, "
+        f"median of 3 alternating rounds | {e[c]['median']:.1f} | {s[c]['median']:.1f} | "
+        f"{e[c]['median'] / s[c]['median']:.2f}× |"
+        for c in ("1", "4", "8")
+    ]
+    rows.append(
+        f"| engines | tokens/s at 8 vs at 1 (goal 2.5×; plain llama.cpp decode of 8 sequences here: "
+        f"{m['bare_decode']['ratio_8_vs_1']:.2f}×, the machine's limit) | {m['engine']['ratio_8_vs_1']:.2f}× | "
+        f"{m['llama_server']['ratio_8_vs_1']:.2f}× (llama-server) | – |"
+    )
+    return rows
+
+
+def train_step_rows(d: dict[str, Any]) -> list[str]:
+    sides, st = d["sides"], d["settings"]
+    full = sides["full"]["step_s"]["median"]
+    rows = []
+    for name, label in (
+        ("lora_qv", "LoRA r=16 on q and v"),
+        ("lora_all", "LoRA r=16 on every linear layer"),
+    ):
+        f = sides[name]["step_s"]
+        rows.append(
+            f"| train | one GRPO step, {st['rows']} x {st['prompt_tokens'] + st['action_tokens']} tokens, "
+            f"SmolLM2-135M on 2 cores: {label} | {f['median']:.2f} s ({f['min']:.2f}-{f['max']:.2f}) | "
+            f"{full:.2f} s (full fine-tuning) | {full / f['median']:.2f}× faster |"
+        )
+    return rows
+
+
+def weights_delta_rows(d: dict[str, Any]) -> list[str]:
+    lora, full = d["cases"]["lora_style"], d["cases"]["full"]
+    b, http, file = lora["bytes"], lora["push_s"]["http"], lora["push_s"]["file"]
+    return [
+        f"| weights | delta push after one AdamW step of SmolLM2-135M (fp32), q_proj and v_proj trainable "
+        f"(LoRA-style): bytes sent ({lora['tensors']['delta']} of {lora['tensors']['full']} tensors changed) | "
+        f"{b['delta'] / 1e6:,.0f} MB | {b['full'] / 1e6:,.0f} MB (full push) | {b['delta'] / b['full']:.2f}× |",
+        f"| weights | the same, push to a gateway in this process over HTTP / same host (file), median of "
+        f"{d['rounds']} alternating rounds | {http['delta']['median']:.2f} s / {file['delta']['median']:.2f} s | "
+        f"{http['full']['median']:.2f} s / {file['full']['median']:.2f} s (full push) | "
+        f"{http['delta_vs_full']:.1f}× / {file['delta_vs_full']:.1f}× faster |",
+        f"| weights | delta push after one AdamW step, full fine-tuning: every tensor changed "
+        f"({full['elements_changed']:,} of {full['elements']:,} weights) | {full['bytes']['delta'] / 1e6:,.0f} MB | "
+        f"{full['bytes']['full'] / 1e6:,.0f} MB "
+        f"(full push) | {full['bytes']['delta'] / full['bytes']['full']:.2f}× (no saving) |",
+    ]
+
+
+def train_sched_rows(d: dict[str, Any]) -> list[str]:
+    c, s, sync = d["config"], d["summary"], d["summary"]["0"]
+    ceiling, rounds = d["ceiling_speedup"]["median"], c["rounds"]
+
+    def cell(f: dict[str, Any]) -> str:
+        return spread(f)
+
+    rows = []
+    for k in (str(k) for k in c["ks"] if k):
+        f = s[k]
+        rows.append(
+            f"| scheduler | samples consumed/s, simulated RL loop through the coordinator ({c['tasks']} "
+            f"log-normal tasks a batch, train {c['train_s']} s + push {c['push_s']} s), max_staleness "
+            f"K={k} vs synchronous, median [range] of {rounds} alternating rounds | {cell(f['samples_per_s'])}"
+            f", staleness max {f['staleness_measured_max']} | {cell(sync['samples_per_s'])} (K=0) | "
+            f"{f['speedup_vs_sync']['median']:.2f}× (ceiling {ceiling:.2f}×; AReaL reports up to "
+            f"{d['areal']['speedup']}× on GPUs) |"
+        )
+    checks = d["checks"]
+    rows.append(
+        f"| scheduler | consumed samples staler than K / finished samples never consumed / consumed "
+        f"twice, all runs | {checks['over_k']} / {checks['never_consumed']} / {checks['consumed_twice']} "
+        f"| – | goal 0 |"
+    )
+    return rows
+
+
+def train_rows(d: dict[str, Any]) -> list[str]:
+    st, sides = d["settings"], d["sides"]
+    sync = sides["0"]
+
+    def cell(f: dict[str, Any]) -> str:
+        return spread(f, 2)
+
+    rows = []
+    for k in (k for k in sides if k != "0"):
+        f = sides[k]
+        split = " / ".join(
+            f"{f['split_s'][key]:.1f}" for key in ("seconds/wait", "seconds/train", "seconds/sync")
+        )
+        rows.append(
+            f"| train | samples trained/s, `rollfleet train` on the real SmolLM2 (LoRA, {st['tasks']} x "
+            f"{st['group']} samples a step, {st['max_tokens']} tokens, {st['steps']} steps, 2 cores shared by "
+            f"engine and trainer), max_staleness K={k} vs synchronous, median [range] of {st['rounds']} "
+            f"alternating rounds; step s wait / train / sync {split} | {cell(f['samples_per_s'])} | "
+            f"{cell(sync['samples_per_s'])} (K=0) | {f['vs_sync']:.2f}× |"
+        )
+    return rows
+
+
+def multimodal_rows(d: dict[str, Any]) -> list[str]:
+    """Image delta on the HF tiny VLM: per-turn latency with and without the cache (bench/multimodal.py)."""
+    lat = d.get("latency")
+    if not lat:
+        return []
+    last, total = lat["per_turn_s"][-1], lat["conversation_s"]
+
+    def cell(s: dict[str, float]) -> str:
+        return spread(s, 0, scale=1000, unit=" ms")
+
+    calls = lat["encoder_calls"]
+    return [
+        f"| multimodal | turn {last['turn']} latency of a {lat['turns']}-turn screenshot conversation resent "
+        f"whole each turn (tiny random VLM, HF, CPU), image delta vs no cache, median [range] of "
+        f"{lat['rounds']} alternating rounds; encoder calls {calls['cached']} vs {calls['uncached']}, same "
+        f"tokens: {lat['same_tokens']} | {cell(last['cached'])} | {cell(last['uncached'])} (no cache) | "
+        f"{lat['last_turn_speedup']:.2f}× |",
+        f"| multimodal | the whole {lat['turns']}-turn conversation, image delta vs no cache | "
+        f"{cell(total['cached'])} | {cell(total['uncached'])} (no cache) | {lat['conversation_speedup']:.2f}× |",
+        *storage_rows(d.get("storage")),
+    ]
+
+
+def storage_rows(st: dict[str, Any] | None) -> list[str]:
+    """Bytes stored per screenshot trajectory: images by content vs inline base64."""
+    if not st:
+        return []
+    return [
+        f"| multimodal | bytes stored per trajectory, {st['turns']}-turn conversation with one new 1280x720 PNG "
+        f"screenshot a turn, each step carrying the whole conversation (real SQLite store) | "
+        f"{st['content_addressed_bytes_per_trajectory'] / 1e3:,.0f} kB (images once, by content) | "
+        f"{st['inline_base64_bytes_per_trajectory'] / 1e3:,.0f} kB (inline base64, as before) | "
+        f"{st['ratio']:.1f}× less |"
+    ]
