@@ -27,6 +27,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from rollfleet.envs.web_render import CHROMIUM_ARGS
 from rollfleet.model import AttemptStatus, RolloutResult, RolloutSpec
 from rollfleet.server.dashboard import dashboard_router, live
 from rollfleet.server.embedded import ServerThread
@@ -37,14 +38,6 @@ RESULTS = Path(__file__).parent / "results" / "dashboard.json"
 SIZES = (1_000, 10_000)
 RUNS = 7
 LIVE_WRITES = 15
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-]
 RENDER_ALL_JS = """async () => {
   const t0 = performance.now();
   let cursor = null, rows = 0;
@@ -194,7 +187,7 @@ def main() -> dict[str, Any]:
             asyncio.run(_seed(dbs[n], n))
             console.print(f"seeded {n:,} rollouts in {time.perf_counter() - started:.1f} s")
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=chromium, args=ARGS)
+            browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
             version = browser.version
             for n in SIZES:
                 with ServerThread(

@@ -11,16 +11,10 @@ try:
 except ImportError:  # pragma: no cover - the test extra installs it
     sync_playwright = None  # type: ignore[assignment]
 
+from rollfleet.envs.web_render import CHROMIUM_ARGS  # noqa: E402,F401 (re-exported)
+
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "docs" / "screenshots"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-]
 WAIT_MS = 20_000
 
 

@@ -20,7 +20,14 @@ from typing import Any
 
 from rollfleet.errors import PoolError
 
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+CHROMIUM_ARGS = [  # headless, and nothing fetched or updated behind the page's back
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
 VIEWPORT = (1024, 768)
 LOAD_TIMEOUT_MS = 15_000
 
