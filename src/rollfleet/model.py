@@ -294,6 +294,12 @@ class Worker(Record):
     metadata: dict[str, JSON] = Field(default_factory=dict)
 
 
+# Step kinds the training data reads (beside those agents choose freely): the gateway's record of
+# an LLM call, an agent throwing a call's reply away ({"request_id", "reason"}: it earns no
+# training row), and a mode's reward for one call's turn ({"request_id", "reward"}).
+LLM_STEP, DISCARD_STEP, CALL_REWARD_STEP = "llm", "discard", "call_reward"
+
+
 class StepIn(Record):
     """One trajectory event as a runner or the gateway reports it."""
 

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from rollfleet.coordinator.experiences import grpo_advantages, sequences_from_steps
+from rollfleet.coordinator.advantages import group_advantages
+from rollfleet.coordinator.experiences import sequences_from_steps
 from rollfleet.errors import InvalidInput
 from rollfleet.model import Step
 
@@ -33,20 +34,20 @@ def _llm(
 def test_grpo_advantages_match_hand_computation() -> None:
     rewards = {"a0": 1.0, "a1": 0.0, "a2": 0.5, "b0": 2.0, "b1": 2.0, "c0": 7.0}
     groups = {"a0": "a", "a1": "a", "a2": "a", "b0": "b", "b1": "b", "c0": "c"}
-    adv = grpo_advantages(rewards, groups)
+    adv = group_advantages(rewards, groups)
     # group a: mean 0.5, sample std sqrt(((0.5)^2 + (0.5)^2 + 0) / 2) = 0.5
     assert adv["a0"] == pytest.approx(0.5 / (0.5 + 1e-6))
     assert adv["a1"] == pytest.approx(-0.5 / (0.5 + 1e-6))
     assert adv["a2"] == pytest.approx(0.0)
     assert adv["b0"] == adv["b1"] == 0.0  # equal rewards carry no signal
     assert adv["c0"] == 0.0  # a group of one carries no signal
-    dr = grpo_advantages(rewards, groups, std_normalize=False)
+    dr = group_advantages(rewards, groups, "drgrpo")
     assert dr["a0"] == pytest.approx(0.5) and dr["a1"] == pytest.approx(-0.5)
 
 
 def test_grpo_advantages_of_a_group_sum_to_zero() -> None:
     rewards = {f"g{i}": r for i, r in enumerate([0.3, 0.9, 0.1, 0.7, 0.2])}
-    adv = grpo_advantages(rewards, {k: "g" for k in rewards})
+    adv = group_advantages(rewards, {k: "g" for k in rewards})
     assert math.isclose(sum(adv.values()), 0.0, abs_tol=1e-9)
 
 

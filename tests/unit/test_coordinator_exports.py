@@ -19,7 +19,7 @@ def test_public_names_are_exported() -> None:
         "RolloutCoordinator",
         "StragglerPolicy",
         "get_actor",
-        "grpo_advantages",
+        "group_advantages",
         "read_experiences",
     ]
     assert all(getattr(coordinator, name) is not None for name in coordinator.__all__)

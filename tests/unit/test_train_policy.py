@@ -1,6 +1,7 @@
 """The trainer's Policy and checkpoints on a tiny random Llama (CPU): LoRA steps push only the
-merged q/v matrices, the KL to the initial policy starts at 0 and grows, and a checkpoint restores
-the trainable weights and optimizer exactly, refusing one written by other settings."""
+merged q/v matrices, the KL to the initial policy starts at 0 and grows, the loss options reach
+every step, and a checkpoint restores the trainable weights and optimizer exactly, refusing one
+written by other settings."""
 
 from __future__ import annotations
 
@@ -48,6 +49,30 @@ def test_lora_steps_push_merged_q_and_v_and_measure_the_kl_to_the_start() -> Non
     assert second.kl_initial is not None and second.kl_initial > 1e-6 and second.entropy > 0
     after, _ = push_tensors(policy.model)
     assert any(not torch.equal(before[n], after[n]) for n in before)
+
+
+def test_the_policys_loss_options_reach_every_step() -> None:
+    """The same two steps with and without kl_coef: the first is the same (no KL at the start,
+    nor its gradient), the second's loss differs by exactly kl_coef times the KL; dynamic
+    sampling on a group that scored alike trains nothing."""
+    require(HAVE, "torch, transformers and peft")
+    import dataclasses
+
+    from rollfleet.train.grpo import LossOptions
+    from rollfleet.train.policy import Policy
+
+    plain = Policy(tiny(), lr=1e-2, lora_rank=4)
+    kl = Policy(tiny(), lr=1e-2, lora_rank=4, loss=LossOptions(kl_coef=0.5))
+    first, first_kl = plain.step(rows()), kl.step(rows())
+    assert first is not None and first_kl is not None
+    assert first_kl.loss == pytest.approx(first.loss, abs=1e-6)
+    second, second_kl = plain.step(rows()), kl.step(rows())
+    assert second is not None and second_kl is not None and second_kl.kl_initial
+    assert second_kl.loss - second.loss == pytest.approx(0.5 * second_kl.kl_initial, abs=1e-6)
+
+    alike = [dataclasses.replace(r, reward=0.0) for r in rows()]  # type: ignore[type-var]
+    dynamic = Policy(tiny(), lr=1e-2, lora_rank=4, loss=LossOptions(dynamic_sampling=True))
+    assert dynamic.step(alike) is None
 
 
 def test_a_checkpoint_restores_weights_and_optimizer_and_refuses_other_settings(

@@ -34,9 +34,16 @@ from rollfleet.agents.toolcalls import (
     tool_instructions,
 )
 from rollfleet.envs import get_mode
-from rollfleet.envs.base import Observation, Session, first_observation, image_part, observation_of
+from rollfleet.envs.base import (
+    Observation,
+    Session,
+    first_observation,
+    image_part,
+    observation_of,
+    turn_reward,
+)
 from rollfleet.errors import AgentError, EngineError
-from rollfleet.model import RolloutResult
+from rollfleet.model import CALL_REWARD_STEP, DISCARD_STEP, RolloutResult
 
 HISTORY_BUDGET_CHARS = 4500  # keeps prompts inside the bundled model's per-sequence context
 IMAGE_CHARS = 1000  # what an image counts for against that budget
@@ -113,12 +120,15 @@ class Turn:
     def __init__(self, ctx: Any, session: Session, settings: LoopSettings, usage: Usage) -> None:
         self.ctx, self.session, self.settings, self.usage = ctx, session, settings, usage
 
-    async def ask(self, messages: list[dict[str, Any]], turn: int) -> tuple[str, list[ToolCall]]:
-        """Call the model until its reply is readable; (text, tool calls)."""
+    async def ask(
+        self, messages: list[dict[str, Any]], turn: int
+    ) -> tuple[str, list[ToolCall], str]:
+        """Call the model until its reply is readable; (text, tool calls, the call's id). A
+        reply thrown away for another try is marked discarded: it earns no training row."""
         errors: list[str] = []
         for attempt in range(self.settings.max_retries + 1):
             try:
-                message = await self._call(messages, turn, attempt)
+                message, call_id = await self._call(messages, turn, attempt)
             except EngineError as exc:
                 errors.append(str(exc))
                 if attempt == self.settings.max_retries:
@@ -135,15 +145,18 @@ class Turn:
                     if message.tool_calls
                     else [c for c in [parse_text(text, self.session.tools)] if c is not None]
                 )
-                return text, calls
+                return text, calls, call_id
             except Unparseable as exc:
                 errors.append(str(exc))
                 if attempt == self.settings.max_retries:
-                    return text, []  # give up on the call: the reply is the answer
+                    return text, [], call_id  # give up on the call: the reply is the answer
                 self.usage.retries += 1
+                self.ctx.emit(DISCARD_STEP, {"request_id": call_id, "reason": str(exc)[:500]})
         raise AssertionError("unreachable")
 
-    async def _call(self, messages: list[dict[str, Any]], turn: int, attempt: int) -> Any:
+    async def _call(
+        self, messages: list[dict[str, Any]], turn: int, attempt: int
+    ) -> tuple[Any, str]:
         import openai
 
         kwargs: dict[str, Any] = {}
@@ -165,7 +178,7 @@ class Turn:
         if response.usage is not None:
             self.usage.prompt_tokens += response.usage.prompt_tokens
             self.usage.completion_tokens += response.usage.completion_tokens
-        return response.choices[0].message
+        return response.choices[0].message, str(response.id)
 
 
 def _assistant(text: str, calls: list[ToolCall]) -> dict[str, Any]:
@@ -238,7 +251,7 @@ async def agent(input: Any, ctx: Any) -> RolloutResult:
         if ctx.cancelled:
             raise asyncio.CancelledError()
         started = time.perf_counter()
-        text, calls = await turn_runner.ask(messages, turn)
+        text, calls, call_id = await turn_runner.ask(messages, turn)
         usage.turns += 1
         messages.append(_assistant(text, calls))
         observations, seen = [], []
@@ -255,14 +268,19 @@ async def agent(input: Any, ctx: Any) -> RolloutResult:
             )
             messages.append(_observation(call, seen[-1][1].text))
         messages.extend(_screenshots(seen))
+        shaped = await turn_reward(session, text, observations)
+        if shaped:
+            ctx.emit(CALL_REWARD_STEP, {"request_id": call_id, "turn": turn, "reward": shaped})
         ctx.emit(
             "turn",
             {
                 "turn": turn,
+                "request_id": call_id,
                 "content": text,
                 "tool_calls": observations,
                 "seconds": time.perf_counter() - started,
                 "retries": usage.retries,
+                "reward": shaped,
             },
         )
         if not calls:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from rollfleet.coordinator.actor import get_actor
+from rollfleet.coordinator.advantages import group_advantages
 from rollfleet.coordinator.client import CoordinatorClient
 from rollfleet.coordinator.coordinator import RolloutCoordinator
 from rollfleet.coordinator.experiences import (
     Experience,
     ExperienceStats,
-    grpo_advantages,
     read_experiences,
 )
 from rollfleet.coordinator.state import (
@@ -34,6 +34,6 @@ __all__ = [
     "RolloutCoordinator",
     "StragglerPolicy",
     "get_actor",
-    "grpo_advantages",
+    "group_advantages",
     "read_experiences",
 ]

@@ -7,11 +7,13 @@ steps are never all in memory at once.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from rollfleet.coordinator import experiences as xp
 from rollfleet.coordinator import metrics as m
+from rollfleet.coordinator.advantages import group_advantages
 from rollfleet.coordinator.state import BatchState, FinalizeResult
 from rollfleet.model import Rollout, RolloutStatus, Step
 from rollfleet.store.base import MAX_STEP_ROLLOUTS, PageReader, Store, iter_pages
@@ -110,7 +112,7 @@ async def rollout_metrics(
 
 
 async def write_batch_experiences(
-    store: Store, batch: BatchState, directory: str | Path, std_normalize: bool
+    store: Store, batch: BatchState, directory: str | Path, estimator: str = "grpo"
 ) -> xp.ExperienceStats:
     """The Experiences of the rollouts a finalized batch included, written as one Parquet file."""
     rollouts = [r for r in await fetch_rollouts(store, list(batch.included)) if _scored(r)]
@@ -120,7 +122,7 @@ async def write_batch_experiences(
         if r.result and r.result.reward is not None
     }
     groups = {r.rollout_id: r.group_id or r.rollout_id for r in rollouts}
-    advantages = xp.grpo_advantages(rewards, groups, std_normalize=std_normalize)
+    advantages = group_advantages(rewards, groups, estimator)
 
     def rows_of(r: Rollout, steps: list[Step]) -> list[xp.Experience]:
         rid = r.rollout_id
@@ -134,6 +136,7 @@ async def write_batch_experiences(
     }
     rows = [e for r in rollouts for e in made.get(r.rollout_id) or rows_of(r, [])]
     path = xp.write_experiences(directory, batch.batch_id, rows)
+    per_rollout = Counter(e.rollout_id for e in rows if e.tokens)
     return xp.ExperienceStats(
         batch_id=batch.batch_id,
         path=str(path),
@@ -141,10 +144,12 @@ async def write_batch_experiences(
         rollout_count=len(rollouts),
         group_count=len({r.group_id for r in rollouts}),
         experiences_without_tokens=sum(not e.tokens for e in rows),
+        merge_breaks=sum(n - 1 for n in per_rollout.values()),
         metrics={
             **m.summary((e.advantage for e in rows), "advantage"),
             **m.summary((e.staleness for e in rows), "staleness"),
             **m.summary((sum(e.action_mask) for e in rows if e.tokens), "action_tokens"),
+            **m.summary(per_rollout.values(), "rows_per_rollout"),
         },
     )
 

@@ -156,14 +156,15 @@ class CoordinatorClient:
         return await self._call(AbortResult, "POST", f"/{segment(str(batch_id))}/abort", body)
 
     async def process_experiences(
-        self, batch_id: str | int, *, std_normalize: bool = True
+        self, batch_id: str | int, *, estimator: str = "grpo"
     ) -> ExperienceStats:
-        """Write the batch's experiences in the server's buffer directory; return their figures."""
+        """Write the batch's experiences in the server's buffer directory, with advantages by
+        ``estimator`` (grpo, drgrpo or rloo); return their figures."""
         return await self._call(
             ExperienceStats,
             "POST",
             f"/{segment(str(batch_id))}/experiences",
-            {"std_normalize": std_normalize},
+            {"estimator": estimator},
         )
 
     async def set_policy_version(self, version: int) -> list[str]:

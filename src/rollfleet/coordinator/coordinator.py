@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rollfleet.coordinator.advantages import check_estimator
 from rollfleet.coordinator.aggregate import batch_result, fetch_rollouts, write_batch_experiences
 from rollfleet.coordinator.experiences import ExperienceStats
 from rollfleet.coordinator.staleness import (
@@ -464,9 +465,11 @@ class RolloutCoordinator:
         batch_id: str | int,
         *,
         output_dir: str | Path | None = None,
-        std_normalize: bool = True,
+        estimator: str = "grpo",
     ) -> ExperienceStats:
-        """Turn the batch's finished trajectories into Experiences in Parquet; return figures."""
+        """Turn the batch's finished trajectories into Experiences in Parquet, with advantages
+        by ``estimator`` (grpo, drgrpo or rloo); return figures."""
+        check_estimator(estimator)
         batch = await self._batch(str(batch_id))
         if batch.final_result is None:
             raise Conflict(
@@ -474,7 +477,7 @@ class RolloutCoordinator:
                 "finalize it before processing experiences"
             )
         directory = output_dir or self.experience_dir
-        stats = await write_batch_experiences(self._s, batch, directory, std_normalize)
+        stats = await write_batch_experiences(self._s, batch, directory, estimator)
         log.info(
             "batch %s: %d experiences written to %s", batch.batch_id, stats.experience_count,
             stats.path,

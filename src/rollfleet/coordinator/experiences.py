@@ -1,9 +1,13 @@
 """Experiences: finished trajectories as training rows, GRPO advantages, and the Parquet buffer.
 
 A trajectory's LLM calls (steps of kind ``llm`` recorded by the gateway) become token sequences.
-Calls whose prompt continues the previous call's prompt + completion (a multi-turn chat) merge into
-one sequence: tokens the model generated get ``action_mask`` 1, tokens inserted between turns (tool
-output, user messages) get 0. A call that does not continue the sequence starts a new one.
+Only the calls that earned the reward do (:func:`training_calls`): those of the attempt that
+completed the rollout, never an aborted call, never a reply the agent discarded (it says so with a
+``discard`` step naming the call). Calls whose prompt continues the previous call's prompt +
+completion (a multi-turn chat; the gateway builds them so, token-in) merge into one sequence:
+tokens the model generated get ``action_mask`` 1, tokens inserted between turns (the template's
+text, tool output, user messages) get 0. A call that does not continue the sequence, or was
+sampled at another temperature, starts a new one: a *merge break*, counted.
 
 The buffer is a directory of Parquet files, one per processed batch, written atomically
 (temporary file, then rename): any trainer reads them with pyarrow, pandas, polars or datasets.
@@ -23,11 +27,8 @@ from typing import Any
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from rollfleet.errors import InvalidInput, RollfleetError
-from rollfleet.model import Record, Rollout, Step
+from rollfleet.model import CALL_REWARD_STEP, DISCARD_STEP, LLM_STEP, Record, Rollout, Step
 from rollfleet.store.blobs import image_refs
-
-LLM_STEP = "llm"
-GRPO_EPS = 1e-6
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,11 @@ class Experience:
     finish_reason: str | None = None
     token_versions: list[int] | None = None
     images: list[str] | None = None  # sha256 of the images in its prompt, in order (get_blob)
+    temperature: float = 1.0  # its calls' sampling temperature: the loss divides logits by it
+    truncated: bool = False  # one of its calls was cut by max_tokens
+    # per token, when a mode gave per-turn rewards: ``advantage`` plus the reward of the turn
+    # that wrote the token (None: ``advantage`` on every token)
+    token_advantages: list[float] | None = None
 
 
 class ExperienceStats(Record):
@@ -64,6 +70,7 @@ class ExperienceStats(Record):
     rollout_count: int
     group_count: int
     experiences_without_tokens: int
+    merge_breaks: int = 0  # rows beyond the first of a rollout: calls that did not continue
     metrics: dict[str, float] = Field(default_factory=dict)
 
     @model_validator(mode="before")
@@ -94,6 +101,9 @@ class TokenSequence:
     completion_tokens: int = field(default=0)
     token_versions: list[int] | None = None
     images: list[str] | None = None
+    temperature: float = 1.0
+    truncated: bool = False
+    calls: list[tuple[str, int, int]] = field(default_factory=list)  # (request id, first, end)
 
 
 def _ints(value: Any, what: str) -> list[int]:
@@ -149,8 +159,49 @@ def _oldest_action(versions: list[int] | None, mask: list[int]) -> int | None:
     return min(acted) if acted else None
 
 
+def training_calls(steps: Sequence[Step], attempt_id: str | None) -> list[Step]:
+    """The LLM calls that earned a rollout's reward: those of ``attempt_id`` (the attempt that
+    completed it; None: every attempt's), not aborted, not discarded by the agent."""
+    mine = [s for s in steps if attempt_id is None or s.attempt_id == attempt_id]
+    discarded = {s.payload.get("request_id") for s in mine if s.kind == DISCARD_STEP}
+    return [
+        s
+        for s in mine
+        if s.kind == LLM_STEP
+        and s.payload.get("finish_reason") != "abort"
+        and s.payload.get("request_id") not in discarded
+    ]
+
+
+def call_rewards(steps: Sequence[Step], attempt_id: str | None) -> dict[str, float]:
+    """Per-call rewards a mode gave (request id → summed reward), of ``attempt_id`` only."""
+    out: dict[str, float] = {}
+    for s in steps:
+        if s.kind == CALL_REWARD_STEP and (attempt_id is None or s.attempt_id == attempt_id):
+            rid, reward = s.payload.get("request_id"), s.payload.get("reward")
+            if isinstance(rid, str) and isinstance(reward, (int, float)) and math.isfinite(reward):
+                out[rid] = out.get(rid, 0.0) + float(reward)
+    return out
+
+
+def _temperature(payload: Mapping[str, Any]) -> float:
+    sampling = payload.get("sampling")
+    value = sampling.get("temperature") if isinstance(sampling, dict) else None
+    return float(value) if isinstance(value, (int, float)) and value > 0 else 1.0
+
+
+def _extends(cur: TokenSequence | None, prompt: list[int], temperature: float) -> bool:
+    return (
+        cur is not None
+        and cur.temperature == temperature
+        and len(prompt) >= len(cur.tokens)
+        and prompt[: len(cur.tokens)] == cur.tokens
+    )
+
+
 def sequences_from_steps(steps: Sequence[Step]) -> list[TokenSequence]:
-    """Token sequences of a trajectory's LLM calls, merging calls that continue one another."""
+    """Token sequences of LLM calls in order, merging calls that continue one another (pass
+    :func:`training_calls` for the rows of a scored rollout)."""
     seqs: list[TokenSequence] = []
     for step in steps:
         if step.kind != LLM_STEP:
@@ -160,12 +211,9 @@ def sequences_from_steps(steps: Sequence[Step]) -> list[TokenSequence]:
         if not prompt and not completion:
             continue
         lps = _logprobs(step.payload.get("logprobs"), len(completion))
+        temperature = _temperature(step.payload)
         cur = seqs[-1] if seqs else None
-        if (
-            cur is not None
-            and prompt[: len(cur.tokens)] == cur.tokens
-            and len(prompt) >= len(cur.tokens)
-        ):
+        if cur is not None and _extends(cur, prompt, temperature):
             gap = prompt[len(cur.tokens) :]
             versions = token_versions(step.payload, len(prompt), len(completion))
             cur.token_versions = (
@@ -173,7 +221,7 @@ def sequences_from_steps(steps: Sequence[Step]) -> list[TokenSequence]:
                 if cur.token_versions is None or versions is None
                 else cur.token_versions + versions[len(cur.tokens) :]
             )
-            cur.tokens += gap + completion
+            cur.tokens += gap
             cur.action_mask += [0] * len(gap) + [1] * len(completion)
             cur.logprobs = (
                 None
@@ -183,16 +231,21 @@ def sequences_from_steps(steps: Sequence[Step]) -> list[TokenSequence]:
             cur.completion_tokens += len(completion)
         else:
             cur = TokenSequence(
-                tokens=prompt + completion,
+                tokens=list(prompt),
                 prompt_length=len(prompt),
                 action_mask=[0] * len(prompt) + [1] * len(completion),
                 logprobs=None if lps is None else [0.0] * len(prompt) + lps,
                 policy_version=_version(step.payload.get("weights_version")),
                 completion_tokens=len(completion),
                 token_versions=token_versions(step.payload, len(prompt), len(completion)),
+                temperature=temperature,
             )
             seqs.append(cur)
+        start = len(cur.tokens)
+        cur.tokens += completion
+        cur.calls.append((str(step.payload.get("request_id") or ""), start, len(cur.tokens)))
         cur.finish_reason = step.payload.get("finish_reason") or cur.finish_reason
+        cur.truncated = cur.truncated or step.payload.get("finish_reason") == "length"
         shown = image_refs(step.payload.get("messages"))  # each call resends the conversation
         cur.images = list(dict.fromkeys([*(cur.images or []), *shown])) or None
     for seq in seqs:  # the oldest policy that wrote any of its tokens
@@ -201,31 +254,17 @@ def sequences_from_steps(steps: Sequence[Step]) -> list[TokenSequence]:
     return seqs
 
 
-def grpo_advantages(
-    rewards: Mapping[str, float],
-    groups: Mapping[str, str],
-    *,
-    eps: float = GRPO_EPS,
-    std_normalize: bool = True,
-) -> dict[str, float]:
-    """Group-normalised advantages: ``(r - mean(group)) / (std(group) + eps)``, std with n-1.
-
-    ``rewards`` maps rollout id → reward, ``groups`` rollout id → group id. A group of one gives
-    advantage 0 (it carries no signal). ``std_normalize=False`` gives Dr. GRPO's ``r - mean``.
-    """
-    members: dict[str, list[str]] = {}
-    for rid in rewards:
-        members.setdefault(groups[rid], []).append(rid)
-    out: dict[str, float] = {}
-    for ids in members.values():
-        rs = [rewards[i] for i in ids]
-        if len(rs) < 2:
-            out.update({i: 0.0 for i in ids})
-            continue
-        mean = sum(rs) / len(rs)
-        std = math.sqrt(sum((r - mean) ** 2 for r in rs) / (len(rs) - 1))
-        for i, r in zip(ids, rs, strict=True):
-            out[i] = (r - mean) / (std + eps) if std_normalize else r - mean
+def token_advantages(
+    seq: TokenSequence, advantage: float, rewards: Mapping[str, float]
+) -> list[float] | None:
+    """Each token's advantage when a call of ``seq`` got a reward of its own (``advantage``
+    plus that reward on the tokens the call wrote); None when none did."""
+    if not any(rid in rewards for rid, _, _ in seq.calls):
+        return None
+    out = [advantage] * len(seq.tokens)
+    for rid, start, end in seq.calls:
+        for i in range(start, end):
+            out[i] = advantage + rewards.get(rid, 0.0)
     return out
 
 
@@ -237,7 +276,10 @@ def experiences_for_rollout(
     batch_id: str,
     staleness: int,
 ) -> list[Experience]:
-    """The Experiences of one scored rollout (one without LLM steps gives one token-less row)."""
+    """The Experiences of one scored rollout: one row per sequence of the calls that earned its
+    reward (one without such calls gives one token-less row)."""
+    attempt = rollout.attempt.attempt_id if rollout.attempt is not None else None
+    rewards = call_rewards(steps, attempt)
     base = Experience(
         rollout_id=rollout.rollout_id,
         batch_id=batch_id,
@@ -264,8 +306,11 @@ def experiences_for_rollout(
             policy_version=base.policy_version if s.policy_version is None else s.policy_version,
             token_versions=s.token_versions,
             images=s.images,
+            temperature=s.temperature,
+            truncated=s.truncated,
+            token_advantages=token_advantages(s, advantage, rewards),
         )
-        for i, s in enumerate(sequences_from_steps(steps))
+        for i, s in enumerate(sequences_from_steps(training_calls(steps, attempt)))
     ] or [base]
 
 
@@ -289,6 +334,9 @@ def _schema() -> Any:
             ("finish_reason", pa.string()),
             ("token_versions", pa.list_(pa.int64())),
             ("images", pa.list_(pa.string())),
+            ("temperature", pa.float64()),
+            ("truncated", pa.bool_()),
+            ("token_advantages", pa.list_(pa.float32())),
         ]
     )
 

@@ -8,7 +8,7 @@ router raises rollfleet errors and the app maps them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -100,7 +100,7 @@ class ProcessExperiences(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    std_normalize: bool = True
+    estimator: Literal["grpo", "drgrpo", "rloo"] = "grpo"
 
 
 def coordinator_router(coordinator: RolloutCoordinator) -> APIRouter:
@@ -152,6 +152,6 @@ def coordinator_router(coordinator: RolloutCoordinator) -> APIRouter:
     @r.post("/{batch_id}/experiences")
     async def experiences(batch_id: str, body: ProcessExperiences | None = None) -> ExperienceStats:
         body = body or ProcessExperiences()
-        return await coordinator.process_experiences(batch_id, std_normalize=body.std_normalize)
+        return await coordinator.process_experiences(batch_id, estimator=body.estimator)
 
     return r

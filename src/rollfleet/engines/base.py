@@ -15,10 +15,13 @@ import uuid
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rollfleet.engines.images import ImageInput, cannot_see, request_images
 from rollfleet.errors import EngineError
+
+if TYPE_CHECKING:
+    from rollfleet.engines.continuation import PriorCall
 
 JSON = Any
 Message = dict[str, Any]
@@ -83,6 +86,9 @@ class GenerationRequest:
     request_id: str = field(default_factory=lambda: f"req-{uuid.uuid4().hex[:16]}")
     model: str | None = None
     images: tuple[ImageInput, ...] = field(default=(), repr=False, compare=False)
+    # the earlier call of the same rollout attempt this one may continue token-in (the gateway
+    # sets it; engines with a tokenizer of their own use it, others render the messages)
+    prior: PriorCall | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):

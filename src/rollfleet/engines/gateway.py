@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import random
@@ -28,13 +29,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollfleet.engines.base import Engine, Generation, GenerationRequest, StreamItem, WeightsDelta
+from rollfleet.engines.continuation import PriorCall, continues, token_in
 from rollfleet.engines.images import cannot_see
 from rollfleet.errors import Conflict, EngineError, InvalidInput, NotFound
-from rollfleet.model import StepIn
+from rollfleet.model import LLM_STEP, StepIn
 
 log = logging.getLogger("rollfleet.engines")
 Recorder = Callable[[str, str, StepIn], Awaitable[None]]
 MAX_STICKY = 100_000
+MAX_PRIOR_ATTEMPTS, PRIOR_CALLS = 4096, 4  # the calls kept for token-in continuation
 
 
 @dataclass
@@ -120,6 +123,42 @@ class _Flight:
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+class Priors:
+    """The last calls of each rollout attempt, so that its next call continues token-in
+    (:mod:`~rollfleet.engines.continuation`); bounded in attempts and calls per attempt."""
+
+    def __init__(self, attempts: int = MAX_PRIOR_ATTEMPTS, calls: int = PRIOR_CALLS) -> None:
+        self.by_attempt: OrderedDict[str, list[PriorCall]] = OrderedDict()
+        self.attempts, self.calls = attempts, calls
+
+    def attach(self, request: GenerationRequest, attempt_id: str | None, model: str) -> Any:
+        """``request`` with the latest earlier call of its attempt that it continues (or asks
+        again), when the same model answered it."""
+        if request.messages is None or not attempt_id or attempt_id not in self.by_attempt:
+            return request
+        messages = request.messages
+        for prior in reversed(self.by_attempt[attempt_id]):
+            if prior.model == model and (prior.messages == messages or continues(prior, messages)):
+                return dataclasses.replace(request, prior=prior)
+        return request
+
+    def remember(
+        self, request: GenerationRequest, result: Generation, attempt_id: str | None
+    ) -> None:
+        """Keep a finished chat call as one its attempt's next calls may continue."""
+        if request.messages is None or not attempt_id or result.aborted:
+            return
+        call = PriorCall(request.request_id, result.model, list(request.messages),
+                         list(result.prompt_token_ids), list(result.completion_token_ids),
+                         result.finish_reason.value)  # fmt: skip
+        kept = self.by_attempt.setdefault(attempt_id, [])
+        kept.append(call)
+        del kept[: -self.calls]
+        self.by_attempt.move_to_end(attempt_id)
+        while len(self.by_attempt) > self.attempts:
+            self.by_attempt.popitem(last=False)
+
+
 class Gateway:
     """Routes OpenAI-style calls to engine replicas and records them as Steps."""
 
@@ -136,6 +175,7 @@ class Gateway:
         self._flights: dict[str, _Flight] = {}
         self._ids = itertools.count(1)
         self._updating = asyncio.Lock()
+        self.priors = Priors()
 
     # -- replicas ----------------------------------------------------------------------
     def add_replica(self, engine: Engine, replica_id: str | None = None) -> str:
@@ -198,6 +238,7 @@ class Gateway:
         """Route and run ``request``; yield deltas, record the call, then yield the result.
         A request with images goes to a replica that sees (ImageRefused when none does)."""
         replica = self.router.pick(rollout_id, vision=bool(request.images))
+        request = self.priors.attach(request, attempt_id, replica.engine.info().model)
         flight = _Flight(request, replica, rollout_id)
         self._flights[request.request_id] = flight
         replica.in_flight += 1
@@ -206,6 +247,7 @@ class Gateway:
             async for item in replica.engine.stream(request):
                 if isinstance(item, Generation):
                     replica.served += 1
+                    self.priors.remember(request, item, attempt_id)
                     await self._record(
                         rollout_id, attempt_id, request, item, time.monotonic() - started, replica
                     )
@@ -316,7 +358,7 @@ class Gateway:
         if self.recorder is None or not rollout_id or not attempt_id:
             return
         step = StepIn(
-            kind="llm",
+            kind=LLM_STEP,
             payload=step_payload(request, result, latency_s, replica.replica_id),
             timestamp=time.time(),
         )
@@ -333,8 +375,12 @@ def step_payload(
 ) -> dict[str, Any]:
     """The Step payload recorded for one LLM call."""
     params = request.params
+    prior = request.prior
     return {
         "request_id": request.request_id,
+        "continues": None if prior is None else prior.request_id,
+        # token-in held: the prompt is the prior call's exact tokens and the new messages'
+        "token_in": None if prior is None else token_in(prior, result.prompt_token_ids),
         "messages": request.messages,
         "prompt": request.prompt if isinstance(request.prompt, str) else None,
         "prompt_token_ids": result.prompt_token_ids,

@@ -17,6 +17,7 @@ import copy
 import logging
 import queue
 import time
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -24,11 +25,13 @@ from typing import Any
 from rollfleet.engines.base import (
     FinishReason,
     GenerationRequest,
+    Message,
     NamedTensors,
     WeightSource,
     message_text,
 )
 from rollfleet.engines.buckets import DEFAULT_BUCKET_BYTES
+from rollfleet.engines.continuation import continued_prompt
 from rollfleet.engines.hf_batch import DecodeBatch
 from rollfleet.engines.threaded import STOP, Pending, ThreadedEngine
 from rollfleet.engines.tiny import tiny_hf_model as tiny_hf_model  # re-exported: its old home
@@ -280,19 +283,39 @@ class HFEngine(ThreadedEngine):
         """Token ids of a request's prompt (chat template applied for messages, whose content
         parts are joined as text: a text model never sees an image, they are refused first)."""
         if request.messages is not None:
-            messages = [
-                {**m, "content": message_text(m.get("content"))}
-                if isinstance(m.get("content"), list)
-                else m
-                for m in request.messages
-            ]
-            text = self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
-            )
-            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            continued = continued_prompt(self, request.prior, request.messages)
+            return continued or self.fragment_ids(self.render(request.messages, True))
         if isinstance(request.prompt, str):
             return list(self.tokenizer(request.prompt)["input_ids"])
         return list(request.prompt or [])
+
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
+        """The conversation as the tokenizer's chat template renders it (content parts joined
+        as text)."""
+        plain = [
+            {**m, "content": message_text(m.get("content"))}
+            if isinstance(m.get("content"), list)
+            else m
+            for m in messages
+        ]
+        return str(
+            self.tokenizer.apply_chat_template(
+                plain, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+        )
+
+    def fragment_ids(self, text: str) -> list[int]:
+        """Token ids of rendered text (special tokens parsed, nothing added)."""
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+
+    def token_text(self, token: int) -> str:
+        """A token's text as the template writes it (``<|im_end|>`` for that token)."""
+        return str(self.tokenizer.decode([token], skip_special_tokens=False))
+
+    def is_end(self, token: int) -> bool:
+        """True for the model's end-of-generation tokens."""
+        eos = self.hf_model.generation_config.eos_token_id
+        return token in (eos if isinstance(eos, list) else [eos])
 
     def prepare(self, request: GenerationRequest) -> tuple[list[int], Any]:
         """On the worker: a request's prompt ids and what else its prefill needs (None for

@@ -276,7 +276,10 @@ class DecodeBatch:
             self._finish(row, FinishReason.ABORT)
             return 0
         token, logprob = sample(logits, params, row.rng)
-        if token in self.eos and not params.ignore_eos:
+        if token in self.eos and not params.ignore_eos:  # the stop is an action: kept, trained
+            row.out.append(token)
+            row.logprobs.append(logprob)
+            row.pending.emit(Delta("", (token,), (logprob,)))
             self._finish(row, FinishReason.STOP)
             return token
         row.out.append(token)

@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from rollfleet.engines.base import Delta, FinishReason, GenerationRequest, WeightSource
+from rollfleet.engines.continuation import continued_prompt
 from rollfleet.engines.gguf_export import WeightUpdate, check_out_type, weights_gguf
 from rollfleet.engines.llamacpp_model import (
     LlamaCppModel,
@@ -302,7 +303,9 @@ class _Scheduler:
 
     def _prompt_ids(self, request: GenerationRequest) -> list[int]:
         if request.messages is not None:
-            ids = self.llm.tokenize(self.llm.template.render(request.messages))
+            ids = continued_prompt(self.llm, request.prior, request.messages) or self.llm.tokenize(
+                self.llm.template.render(request.messages)
+            )
         elif isinstance(request.prompt, str):
             ids = self.llm.tokenize(request.prompt)
         else:
@@ -371,11 +374,12 @@ class _Scheduler:
         token, logprob = sample(self.llm.logits(index), params, seq.rng)
         if self.engine.first_token_at is None:
             self.engine.first_token_at = time.monotonic()
-        if self.llm.is_eog(token) and not params.ignore_eos:
-            self._finish(seq, FinishReason.STOP)
-            return
         seq.out.append(token)
         seq.logprobs.append(logprob)
+        if self.llm.is_eog(token) and not params.ignore_eos:  # the stop is an action: kept
+            seq.pending.emit(Delta("", (token,), (logprob,)))
+            self._finish(seq, FinishReason.STOP)
+            return
         new_text = seq.decoder.feed(self.llm.piece(token))
         cut = find_stop(seq.decoder.text, params.stop)
         if cut >= 0:

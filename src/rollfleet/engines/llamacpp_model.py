@@ -181,13 +181,14 @@ class ChatTemplate:
     def _raise(message: str) -> None:
         raise EngineError(f"chat template refused the messages: {message}")
 
-    def render(self, messages: Sequence[Message]) -> str:
-        """The prompt text for ``messages``, ending with the assistant's turn opener."""
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+        """The prompt text for ``messages``, ending with the assistant's turn opener (unless
+        ``add_generation_prompt`` is False)."""
         clean = [{**m, "content": message_text(m.get("content"))} for m in messages]
         return str(
             self._template.render(
                 messages=clean,
-                add_generation_prompt=True,
+                add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
             )
@@ -285,6 +286,22 @@ class LlamaCppModel:
     def tokenize(self, text: str) -> list[int]:
         """Token ids of ``text`` (special tokens parsed, BOS as the model wants)."""
         return list(self.model.tokenize(text.encode("utf-8"), self.model.add_bos_token(), True))
+
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
+        """The conversation as the model's chat template renders it."""
+        return self.template.render(messages, add_generation_prompt)
+
+    def fragment_ids(self, text: str) -> list[int]:
+        """Token ids of text inside a sequence (special tokens parsed, no BOS)."""
+        return list(self.model.tokenize(text.encode("utf-8"), False, True)) if text else []
+
+    def token_text(self, token: int) -> str:
+        """A token's text as the template writes it (``<|im_end|>`` for that token)."""
+        return str(self.model.token_get_text(token))
+
+    def is_end(self, token: int) -> bool:
+        """True for end-of-generation tokens."""
+        return self.is_eog(token)
 
     def piece(self, token: int) -> bytes:
         """The bytes one token stands for."""

@@ -9,6 +9,7 @@ for ``py`` and ``osworld``, from running it); nothing is hard-coded.
 from __future__ import annotations
 
 import base64
+import math
 import re
 import string
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -95,7 +96,9 @@ class Session(Protocol):
     """One rollout's view of an environment.
 
     A session may also have ``first: Observation | None`` (what the environment showed before
-    any action, e.g. OSWorld's reset screenshot), read with :func:`first_observation`.
+    any action, e.g. OSWorld's reset screenshot), read with :func:`first_observation`, and
+    ``async turn_reward(text, calls) -> float``, a reward for one turn alone (read with
+    :func:`turn_reward`).
     """
 
     tools: list[Tool]
@@ -129,6 +132,19 @@ class Mode(Protocol):
     async def open(self, task: dict[str, Any], env: Any) -> Session:
         """A session for one rollout; ``env`` is ``ctx.env`` (an Instance) or None."""
         ...
+
+
+async def turn_reward(session: Session, text: str, calls: list[dict[str, Any]]) -> float:
+    """The reward a session gives one turn (its reply ``text`` and its ``calls``: tool, args,
+    observation), from its optional ``turn_reward`` method; 0.0 for sessions without one.
+    It reaches the tokens of that turn only (e.g. a penalty for a tool error)."""
+    score = getattr(session, "turn_reward", None)
+    if score is None:
+        return 0.0
+    value = await score(text, calls)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise InvalidInput(f"turn_reward returned {value!r}: a finite number is needed")
+    return float(value)
 
 
 def first_observation(session: Session) -> Observation | None:

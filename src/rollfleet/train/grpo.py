@@ -2,23 +2,30 @@
 
 An :class:`~rollfleet.coordinator.experiences.Experience` row holds a token sequence, the mask of
 the tokens the policy wrote (``action_mask``), the logprob the engine gave each of them when it
-sampled it (the *behaviour* policy, whatever weights version it was) and the group-normalised
-advantage. The loss is PPO's clipped surrogate per action token,
+sampled it (the *behaviour* policy, whatever weights version it was, at the row's sampling
+``temperature``) and its advantage (one for the row, or one per token). The loss is PPO's clipped
+surrogate per action token,
 
     ratio = exp(logp_new - logp_behaviour)
     loss  = -mean over action tokens of min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)
+            + kl_coef * k3(policy || initial) - entropy_coef * entropy
 
 so samples written by an older policy (asynchronous mode, ``max_staleness`` >= 1) are corrected
 by their importance ratio, and the clip keeps one step from moving far from the policy that
-sampled them. The mean is over every action token of the batch (not per sequence first), so a
-long answer weighs as much as its tokens. The engine's logprobs come from its own kernels and
-quantization (llama.cpp serves f16 or Q8_0), so even on-policy the ratio is only near 1: the
-clip absorbs that mismatch, and :attr:`LossStats.ratio_mean` shows it.
+sampled them. ``logp_new`` is taken from the same distribution the engine sampled from: the
+logits divided by the row's temperature (greedy rows count as temperature 1). The mean is over
+every action token of the batch (not per sequence first), so a long answer weighs as much as its
+tokens. The engine's logprobs come from its own kernels and quantization (llama.cpp serves f16
+or Q8_0), so even on-policy the ratio is only near 1: the clip absorbs that mismatch, and
+:attr:`LossStats.ratio_mean` shows it. :class:`LossOptions` holds the knobs; its defaults are
+the plain clipped surrogate above.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,14 +36,41 @@ MAX_SEQUENCE_TOKENS = 8192  # a row longer than this is refused, never allocated
 
 
 @dataclass(frozen=True)
+class LossOptions:
+    """The loss's knobs; the defaults are the plain clipped surrogate."""
+
+    eps_low: float = 0.2  # the ratio is clipped to [1 - eps_low, 1 + eps_high]
+    eps_high: float = 0.28
+    kl_coef: float = 0.0  # weight of k3 KL(policy || initial policy) per action token
+    entropy_coef: float = 0.0  # weight of the entropy bonus per action token
+    dynamic_sampling: bool = False  # rows of groups that all scored alike leave the batch
+    mask_truncated: bool = False  # rows cut by max_tokens train no token
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.eps_low < 1.0 or self.eps_high < 0.0:
+            raise InvalidInput(
+                f"loss: eps_low must be in [0, 1) and eps_high at least 0,"
+                f" got {self.eps_low} and {self.eps_high}"
+            )
+        for name in ("kl_coef", "entropy_coef"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0.0:
+                raise InvalidInput(f"loss: {name} must be a number at least 0, got {value}")
+
+
+DEFAULT_LOSS = LossOptions()  # today's loss: the clipped surrogate alone
+
+
+@dataclass(frozen=True)
 class TrainBatch:
-    """Experiences as right-padded tensors, each ``(rows, tokens)`` but ``advantages``."""
+    """Experiences as right-padded tensors, each ``(rows, tokens)`` but ``temperatures``."""
 
     input_ids: Any
     attention_mask: Any
     action_mask: Any  # float: 1.0 on tokens the policy wrote, which the loss trains
     old_logprobs: Any  # the behaviour policy's logprob of each token (0 off the action mask)
-    advantages: Any  # (rows,)
+    advantages: Any  # each token's advantage (the row's on every token unless given per token)
+    temperatures: Any  # (rows,): each row's sampling temperature (1.0 for greedy rows)
 
     @property
     def action_tokens(self) -> int:
@@ -52,10 +86,24 @@ class LossStats:
     ratio_mean: float
     clipped: float  # fraction of action tokens whose ratio was clipped
     approx_kl: float  # mean of (ratio - 1) - log ratio: behaviour → current policy
+    entropy: float | None = None  # mean entropy of the policy, when its entropies were given
+    kl_initial: float | None = None  # mean k3 KL(policy || initial), when reference was given
 
 
-def collate(experiences: Sequence[Experience], pad_id: int = 0) -> TrainBatch:
-    """Pad experiences into one batch; InvalidInput for a row without logprobs or too long."""
+def sampling_temperature(experience: Experience) -> float:
+    """The temperature a row's tokens were drawn at; greedy (0 or less) counts as 1."""
+    t = experience.temperature
+    if not math.isfinite(t):
+        raise InvalidInput(f"collate: {experience.rollout_id} has temperature {t}")
+    return t if t > 0 else 1.0
+
+
+def collate(
+    experiences: Sequence[Experience], pad_id: int = 0, *, mask_truncated: bool = False
+) -> TrainBatch:
+    """Pad experiences into one batch (with ``mask_truncated``, a truncated row trains no token);
+    InvalidInput for a row without logprobs, with per-token advantages of another length, or
+    too long."""
     import torch
 
     if not experiences:
@@ -68,32 +116,67 @@ def collate(experiences: Sequence[Experience], pad_id: int = 0) -> TrainBatch:
     attention = torch.zeros((rows, width), dtype=torch.long)
     action = torch.zeros((rows, width), dtype=torch.float32)
     old = torch.zeros((rows, width), dtype=torch.float32)
+    advantages = torch.zeros((rows, width), dtype=torch.float32)
     for i, e in enumerate(experiences):
         if e.logprobs is None or len(e.logprobs) != len(e.tokens):
             raise InvalidInput(f"collate: {e.rollout_id} has no logprob for every token")
         n = len(e.tokens)
         ids[i, :n] = torch.tensor(e.tokens)
         attention[i, :n] = 1
-        action[i, :n] = torch.tensor(e.action_mask, dtype=torch.float32)
+        if not (mask_truncated and e.truncated):
+            action[i, :n] = torch.tensor(e.action_mask, dtype=torch.float32)
         old[i, :n] = torch.tensor(e.logprobs, dtype=torch.float32)
+        advantages[i, :n] = _token_advantages(e)
     action[:, 0] = 0.0  # nothing predicts the first token
-    advantages = torch.tensor([e.advantage for e in experiences], dtype=torch.float32)
-    return TrainBatch(ids, attention, action, old * action, advantages)
+    temperatures = torch.tensor([sampling_temperature(e) for e in experiences])
+    return TrainBatch(ids, attention, action, old * action, advantages, temperatures)
 
 
-def token_logprobs(model: Any, batch: TrainBatch, *, entropy: bool = False) -> Any:
-    """``(rows, tokens)``: the model's logprob of each token given those before it (0 at 0);
-    with ``entropy``, ``(logprobs, entropies)``: the entropy of each next-token distribution too
-    (no gradient)."""
+def _token_advantages(e: Experience) -> Any:
+    """A row's advantage per token: ``token_advantages``, or ``advantage`` on every token."""
+    import torch
+
+    if e.token_advantages is None:
+        return torch.full((len(e.tokens),), float(e.advantage))
+    if len(e.token_advantages) != len(e.tokens):
+        raise InvalidInput(
+            f"collate: {e.rollout_id} has {len(e.token_advantages)} token advantages"
+            f" for {len(e.tokens)} tokens"
+        )
+    return torch.tensor(e.token_advantages, dtype=torch.float32)
+
+
+def drop_uniform_groups(experiences: Sequence[Experience]) -> list[Experience]:
+    """Dynamic sampling: the rows left once those of groups whose rewards are all equal (no
+    signal: every advantage 0) leave, unless a row carries per-token advantages."""
+    rewards: dict[str, set[float]] = {}
+    for e in experiences:
+        rewards.setdefault(e.group_id or e.rollout_id, set()).add(e.reward)
+    return [
+        e
+        for e in experiences
+        if e.token_advantages is not None or len(rewards[e.group_id or e.rollout_id]) > 1
+    ]
+
+
+def token_logprobs(
+    model: Any, batch: TrainBatch, *, entropy: bool = False, entropy_grad: bool = False
+) -> Any:
+    """``(rows, tokens)``: the model's logprob of each token given those before it (0 at 0),
+    under its logits divided by the row's sampling temperature; with ``entropy``,
+    ``(logprobs, entropies)``: the entropy of each such next-token distribution too (with a
+    gradient only under ``entropy_grad``)."""
     import torch
 
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    temperatures = batch.temperatures.to(logits.device, torch.float32)[:, None, None]
+    logp = torch.log_softmax(logits[:, :-1].float() / temperatures, dim=-1)
     picked = logp.gather(-1, batch.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     picked = torch.nn.functional.pad(picked, (1, 0))
     if not entropy:
         return picked
-    with torch.no_grad():
+    grad: AbstractContextManager[Any] = nullcontext() if entropy_grad else torch.no_grad()
+    with grad:
         spread = -(logp.exp() * logp).sum(-1)
     return picked, torch.nn.functional.pad(spread, (1, 0))
 
@@ -104,18 +187,39 @@ def masked_mean(values: Any, mask: Any) -> float:
 
 
 def grpo_loss(
-    new_logprobs: Any, batch: TrainBatch, eps_low: float = 0.2, eps_high: float = 0.28
+    new_logprobs: Any,
+    batch: TrainBatch,
+    options: LossOptions = DEFAULT_LOSS,
+    *,
+    reference: Any = None,
+    entropies: Any = None,
 ) -> tuple[Any, LossStats]:
-    """The clipped surrogate loss (a scalar tensor to backpropagate) and its figures."""
+    """The loss (a scalar tensor to backpropagate) and its figures: the clipped surrogate, plus
+    ``kl_coef`` times the k3 KL to the ``reference`` logprobs (the initial policy's), minus
+    ``entropy_coef`` times the ``entropies``, all per action token."""
     import torch
 
     mask = batch.action_mask
     count = mask.sum().clamp(min=1.0)
     log_ratio = (new_logprobs - batch.old_logprobs) * mask
     ratio = torch.exp(log_ratio)
-    advantage = batch.advantages.unsqueeze(-1)
-    bounded = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    advantage = batch.advantages
+    bounded = torch.clamp(ratio, 1.0 - options.eps_low, 1.0 + options.eps_high)
     per_token = -torch.minimum(ratio * advantage, bounded * advantage)
+    kl = None
+    if reference is not None:
+        grad: AbstractContextManager[Any] = nullcontext() if options.kl_coef else torch.no_grad()
+        with grad:
+            diff = (reference - new_logprobs) * mask
+            kl = diff.exp() - diff - 1.0
+        if options.kl_coef:
+            per_token = per_token + options.kl_coef * kl
+    elif options.kl_coef:
+        raise InvalidInput("grpo_loss: kl_coef needs the reference policy's logprobs")
+    if options.entropy_coef:
+        if entropies is None:
+            raise InvalidInput("grpo_loss: entropy_coef needs the policy's entropies")
+        per_token = per_token - options.entropy_coef * entropies
     loss = (per_token * mask).sum() / count
     with torch.no_grad():
         clipped = ((ratio * advantage) > (bounded * advantage)).float()
@@ -124,5 +228,7 @@ def grpo_loss(
             ratio_mean=float(((ratio * mask).sum() / count).item()),
             clipped=float(((clipped * mask).sum() / count).item()),
             approx_kl=float((((ratio - 1.0 - log_ratio) * mask).sum() / count).item()),
+            entropy=None if entropies is None else masked_mean(entropies.detach(), mask),
+            kl_initial=None if kl is None else masked_mean(kl.detach(), mask),
         )
     return loss, stats

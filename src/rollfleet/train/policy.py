@@ -20,7 +20,15 @@ from typing import Any
 
 from rollfleet.coordinator.experiences import Experience
 from rollfleet.errors import InvalidInput
-from rollfleet.train.grpo import TrainBatch, collate, grpo_loss, masked_mean, token_logprobs
+from rollfleet.train.grpo import (
+    DEFAULT_LOSS,
+    LossOptions,
+    TrainBatch,
+    collate,
+    drop_uniform_groups,
+    grpo_loss,
+    token_logprobs,
+)
 
 LORA_TARGETS = ("q_proj", "v_proj")
 PEFT_PREFIX = "base_model.model."
@@ -51,6 +59,7 @@ class StepStats:
     grad_norm: float
     action_tokens: int
     seconds: float
+    rows_dropped: int = 0  # rows dynamic sampling left out (their group all scored alike)
 
 
 def grpo_step(
@@ -62,38 +71,46 @@ def grpo_step(
     max_grad_norm: float = 1.0,
     pad_id: int = 0,
     reference: Callable[[TrainBatch], Any] | None = None,
-) -> StepStats:
+    options: LossOptions = DEFAULT_LOSS,
+) -> StepStats | None:
     """One optimizer step on GRPO's loss over ``experiences``, ``micro_batch`` rows at a time;
     each micro-batch weighs by its share of the action tokens (the loss is a mean per token).
-    ``reference`` (a batch's logprobs under the initial policy) adds the KL to it to the stats."""
+    ``reference`` (a batch's logprobs under the initial policy) adds the KL to it to the stats,
+    and to the loss under ``options.kl_coef``. None, with nothing changed, when ``options`` leave
+    no token to train on (dynamic sampling dropped every row, or every action token is of a
+    truncated row); InvalidInput when the experiences hold none at all."""
     import torch
 
     if micro_batch < 1:
         raise InvalidInput(f"grpo_step: micro_batch must be at least 1, got {micro_batch}")
+    if options.kl_coef and reference is None:
+        raise InvalidInput("grpo_step: kl_coef needs the reference policy (the initial one)")
     started = time.perf_counter()
+    kept = drop_uniform_groups(experiences) if options.dynamic_sampling else list(experiences)
     chunks = [
-        collate(experiences[i : i + micro_batch], pad_id)
-        for i in range(0, len(experiences), micro_batch)
+        collate(kept[i : i + micro_batch], pad_id, mask_truncated=options.mask_truncated)
+        for i in range(0, len(kept), micro_batch)
     ]
     total = sum(c.action_tokens for c in chunks)
     if total == 0:
-        raise InvalidInput("grpo_step: the experiences hold no action token to train on")
+        if not any(any(e.action_mask[1:]) for e in experiences):
+            raise InvalidInput("grpo_step: the experiences hold no action token to train on")
+        return None
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    sums = {"loss": 0.0, "ratio_mean": 0.0, "clipped": 0.0, "approx_kl": 0.0, "entropy": 0.0}
+    sums = dict.fromkeys(("loss", "ratio_mean", "clipped", "approx_kl", "entropy"), 0.0)
     kl = 0.0
-    for batch in chunks:
+    for batch in [c for c in chunks if c.action_tokens]:
         share = batch.action_tokens / total
-        new, spread = token_logprobs(model, batch, entropy=True)
-        loss, stats = grpo_loss(new, batch)
+        with torch.no_grad():
+            initial = None if reference is None else reference(batch)
+        new, spread = token_logprobs(model, batch, entropy=True,
+                                     entropy_grad=bool(options.entropy_coef))  # fmt: skip
+        loss, stats = grpo_loss(new, batch, options, reference=initial, entropies=spread)
         (loss * share).backward()
-        for key in ("loss", "ratio_mean", "clipped", "approx_kl"):
-            sums[key] += getattr(stats, key) * share
-        sums["entropy"] += masked_mean(spread, batch.action_mask) * share
-        if reference is not None:
-            with torch.no_grad():
-                diff = reference(batch) - new.detach()
-                kl += masked_mean(diff.exp() - diff - 1.0, batch.action_mask) * share
+        for key in sums:
+            sums[key] += (getattr(stats, key) or 0.0) * share
+        kl += (stats.kl_initial or 0.0) * share
     norm = torch.nn.utils.clip_grad_norm_(
         [p for p in model.parameters() if p.requires_grad], max_grad_norm
     )
@@ -101,16 +118,25 @@ def grpo_step(
     optimizer.zero_grad(set_to_none=True)
     return StepStats(**sums, kl_initial=kl if reference is not None else None,
                      grad_norm=float(norm), action_tokens=total,
-                     seconds=time.perf_counter() - started)  # fmt: skip
+                     seconds=time.perf_counter() - started,
+                     rows_dropped=len(experiences) - len(kept))  # fmt: skip
 
 
 class Policy:
     """What a trainer holds: the model (LoRA adapters on it, or every weight trainable), its
     optimizer, and the initial policy the KL is measured against."""
 
-    def __init__(self, model: Any, *, lr: float, lora_rank: int | None = 16) -> None:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        lr: float,
+        lora_rank: int | None = 16,
+        loss: LossOptions = DEFAULT_LOSS,
+    ) -> None:
         """Wrap ``model``: LoRA of ``lora_rank`` on q_proj and v_proj, or full fine-tuning when
-        ``lora_rank`` is None (then a frozen copy is kept as the initial policy)."""
+        ``lora_rank`` is None (then a frozen copy is kept as the initial policy); every step
+        takes the ``loss`` options."""
         import torch
 
         if lora_rank is not None and not 1 <= lora_rank <= 1024:
@@ -128,6 +154,7 @@ class Policy:
         else:
             self._initial = copy.deepcopy(model).eval().requires_grad_(False)
         self.model = model
+        self.loss = loss
         trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.Adam(trainable, lr=lr)
 
@@ -144,10 +171,11 @@ class Policy:
         with off:
             return token_logprobs(self.model if self.lora else self._initial, batch)
 
-    def step(self, experiences: Sequence[Experience]) -> StepStats:
-        """One GRPO optimizer step, with the KL to the initial policy."""
+    def step(self, experiences: Sequence[Experience]) -> StepStats | None:
+        """One GRPO optimizer step, with the KL to the initial policy (None: the loss options
+        left nothing to train on, see :func:`grpo_step`)."""
         return grpo_step(self.model, self.optimizer, experiences,
-                         reference=self._initial_logprobs)  # fmt: skip
+                         reference=self._initial_logprobs, options=self.loss)  # fmt: skip
 
 
 def push_tensors(model: Any) -> tuple[dict[str, Any], bool]:
