@@ -72,6 +72,26 @@ def one_task(data: Path) -> None:
         ),
         (
             one_task,
+            ["--mode", "math", "--estimator", "ppo"],
+            "unknown advantage estimator 'ppo'",
+        ),
+        (
+            one_task,
+            ["--mode", "math", "--max-turns", "0"],
+            "--max-turns must be at least 1",
+        ),
+        (
+            lambda d: d.write_text('{"question": "Who?", "answers": ["Ada"]}\n'),
+            ["--mode", "rag", "--max-turns", "1"],
+            "--mode rag gives the model tools",
+        ),
+        (
+            one_task,
+            ["--mode", "math", "--report-to", "wandb"],
+            "--report-to 'wandb': the one choice is tensorboard",
+        ),
+        (
+            one_task,
             ["--mode", "math", "--trainer", "ppo"],
             "--trainer 'ppo': choose builtin or trl",
         ),

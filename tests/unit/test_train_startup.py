@@ -45,3 +45,35 @@ async def test_a_reward_that_raises_is_refused_before_anything_starts(
     with pytest.raises(InvalidInput, match=r"mode math: its reward raised KeyError: 'expected'"):
         await train(TrainOptions(mode="math", data=data, output_dir=out), Console(quiet=True))
     assert not out.exists()
+
+
+class BrokenTurnSession(MathSession):
+    """A math session whose per-turn reward has a bug."""
+
+    async def turn_reward(self, text: str, calls: list[dict[str, Any]]) -> float:
+        """Fails on every turn, as a buggy user shaping would."""
+        raise ZeroDivisionError("per turn")
+
+
+class BrokenTurnMode(MathMode):
+    """Math, with the broken per-turn reward."""
+
+    async def open(self, task: dict[str, Any], env: Any) -> MathSession:
+        """A session whose turns cannot be scored."""
+        return BrokenTurnSession(task)
+
+
+async def test_a_per_turn_reward_that_raises_is_refused_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    require(bool(importlib.util.find_spec("torch")), "torch")
+    import rollfleet.run.train as run_train
+    from rollfleet.run.train import TrainOptions, train
+
+    monkeypatch.setattr(run_train, "get_mode", lambda name: BrokenTurnMode())
+    data = tmp_path / "tasks.jsonl"
+    data.write_text('{"question": "What is 1 + 1?", "answer": 2}\n')
+    out = tmp_path / "out"
+    with pytest.raises(InvalidInput, match=r"its per-turn reward raised ZeroDivisionError"):
+        await train(TrainOptions(mode="math", data=data, output_dir=out), Console(quiet=True))
+    assert not out.exists()

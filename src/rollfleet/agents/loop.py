@@ -76,6 +76,8 @@ class Usage:
     llm_s: float = 0.0
     retries: int = 0
     turns: int = 0
+    tool_errors: int = 0  # observations that report an error (they start with "error")
+    discarded: int = 0  # replies thrown away (an unreadable tool call, asked again)
     calls: list[str] = field(default_factory=list)
 
 
@@ -151,6 +153,7 @@ class Turn:
                 if attempt == self.settings.max_retries:
                     return text, [], call_id  # give up on the call: the reply is the answer
                 self.usage.retries += 1
+                self.usage.discarded += 1
                 self.ctx.emit(DISCARD_STEP, {"request_id": call_id, "reason": str(exc)[:500]})
         raise AssertionError("unreachable")
 
@@ -258,6 +261,7 @@ async def agent(input: Any, ctx: Any) -> RolloutResult:
         for call in calls:
             seen.append((call.name, observation_of(await session.call(call.name, call.args))))
             usage.calls.append(call.name)
+            usage.tool_errors += seen[-1][1].text.lstrip().lower().startswith("error")
             observations.append(
                 {
                     "tool": call.name,
@@ -302,6 +306,9 @@ async def agent(input: Any, ctx: Any) -> RolloutResult:
         "llm_s": usage.llm_s,
         "retries": float(usage.retries),
         "tool_calls": float(len(usage.calls)),
+        "used_tools": float(bool(usage.calls)),
+        "tool_errors": float(usage.tool_errors),
+        "discarded": float(usage.discarded),
         "correct": float(score.correct),
     }
     return RolloutResult(

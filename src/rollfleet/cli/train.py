@@ -28,6 +28,24 @@ def train_command(
     max_tokens: int = typer.Option(64, "--max-tokens", help="tokens per answer"),
     temperature: float = typer.Option(1.0, "--temperature", help="sampling temperature"),
     eval_every: int = typer.Option(5, "--eval-every", help="steps between evaluations"),
+    eval_samples: int = typer.Option(
+        1, "--eval-samples", help="1: greedy; n: n samples a task at --temperature (pass@k)"
+    ),
+    max_turns: int = typer.Option(
+        4, "--max-turns", help="model calls per rollout (tool modes need 2 or more)"
+    ),
+    estimator: str = typer.Option("grpo", "--estimator", help="advantages: grpo, drgrpo or rloo"),
+    kl_coef: float = typer.Option(0.0, "--kl-coef", help="weight of the KL to the initial policy"),
+    entropy_coef: float = typer.Option(0.0, "--entropy-coef", help="weight of the entropy bonus"),
+    dynamic_sampling: bool = typer.Option(
+        False, "--dynamic-sampling", help="groups that all scored alike leave the token mean"
+    ),
+    mask_truncated: bool = typer.Option(
+        False, "--mask-truncated", help="do not train on rows cut by --max-tokens"
+    ),
+    report_to: str | None = typer.Option(
+        None, "--report-to", help="tensorboard: event files in OUTPUT/tensorboard"
+    ),
     seed: int = typer.Option(0, "--seed", help="the trainer's random seed"),
     trainer: str = typer.Option(
         "builtin", "--trainer", help="builtin (rollfleet's GRPO) or trl (TRL's GRPOTrainer)"
@@ -54,7 +72,10 @@ def train_command(
         mode=mode, data=data, output_dir=output_dir, steps=steps, tasks_per_step=tasks_per_step,
         group_size=group_size, max_staleness=max_staleness, lr=lr,
         lora_rank=lora_rank or None, max_tokens=max_tokens, temperature=temperature, seed=seed,
-        eval_data=eval_data, eval_every=eval_every, engine=engine,
+        eval_data=eval_data, eval_every=eval_every, engine=engine, max_turns=max_turns,
+        estimator=estimator, kl_coef=kl_coef, entropy_coef=entropy_coef,
+        dynamic_sampling=dynamic_sampling, mask_truncated=mask_truncated,
+        eval_samples=eval_samples, report_to=report_to,
         extra={"engine_threads": engine_threads} if engine_threads else {},
     )  # fmt: skip
     if trainer not in ("builtin", "trl"):

@@ -116,6 +116,7 @@ class Mode(Protocol):
     """A task family: checks tasks, writes prompts, opens sessions."""
 
     name: str
+    uses_tools: bool  # its sessions offer tools: an answer may take more than one turn
 
     def check(self, task: Any, where: str) -> None:
         """Raise InvalidInput naming ``where`` (file:line) and the field when the task is bad."""

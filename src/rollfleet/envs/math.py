@@ -75,6 +75,7 @@ class MathMode:
     """Grade-school word problems."""
 
     name = "math"
+    uses_tools = False
 
     def check(self, task: Any, where: str) -> None:
         """``question`` text and a numeric ``answer``."""

@@ -147,6 +147,7 @@ class OSWorldMode:
     """OSWorld tasks on VMs leased from the desktop pool."""
 
     name = "osworld"
+    uses_tools = True
 
     def __init__(self, observation: str | None = None) -> None:
         """Show the model ``observation`` (default ``screenshot``)."""

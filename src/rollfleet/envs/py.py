@@ -83,6 +83,7 @@ class PyMode:
     """Function-writing tasks with unit tests."""
 
     name = "py"
+    uses_tools = True
 
     def check(self, task: Any, where: str) -> None:
         """``prompt``, ``entry_point`` and a list of test expressions that compile."""

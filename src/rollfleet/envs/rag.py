@@ -134,6 +134,7 @@ class RagMode:
     """Retrieval-augmented question answering."""
 
     name = "rag"
+    uses_tools = True
 
     def check(self, task: Any, where: str) -> None:
         """``question`` and a non-empty list of string ``answers``."""

@@ -254,6 +254,7 @@ class WebMode:
     """Questions answered by browsing the bundled site."""
 
     name = "web"
+    uses_tools = True
 
     def __init__(self, observation: str | None = None) -> None:
         """Show the model ``observation`` (``text``, ``screenshot`` or ``both``; default text)."""

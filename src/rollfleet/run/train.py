@@ -20,6 +20,7 @@ batch whose training was cut short is trained on from the store (no sample lost 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -33,8 +34,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from rollfleet.client import connect
 from rollfleet.coordinator import CoordinatorClient
+from rollfleet.coordinator.advantages import check_estimator
 from rollfleet.coordinator.experiences import Experience, read_experiences
 from rollfleet.envs import get_mode
+from rollfleet.envs.base import turn_reward
 from rollfleet.errors import InvalidInput
 from rollfleet.model import RolloutStatus
 from rollfleet.run.orchestrate import (
@@ -49,6 +52,7 @@ from rollfleet.run.tasks import build_specs, load_tasks
 from rollfleet.train import checkpoint, report
 
 EVAL_PRIORITY = 10  # eval rollouts are claimed before queued training work
+MAX_TURNS, MAX_EVAL_SAMPLES = 100, 64
 ENGINES = ("llamacpp", "hf")
 
 
@@ -71,13 +75,45 @@ class TrainOptions:
     eval_data: Path | None = None
     eval_every: int = 5
     engine: str = "llamacpp"  # or "hf": the policy itself served by transformers
+    max_turns: int = 4  # model calls per rollout (a mode without tools answers in one)
+    estimator: str = "grpo"  # or drgrpo, rloo
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    dynamic_sampling: bool = False  # groups that all scored alike leave the token denominator
+    mask_truncated: bool = False  # rows cut by max_tokens are not trained on
+    eval_samples: int = 1  # 1: greedy; n: n samples a task at the training temperature
+    report_to: str | None = None  # "tensorboard": event files in OUTPUT/tensorboard
     extra: dict[str, Any] = field(default_factory=dict)  # more RunOptions fields
 
     def check(self) -> None:
         """Refuse impossible numbers before anything starts."""
-        for name in ("steps", "tasks_per_step", "group_size", "max_tokens", "eval_every"):
+        names = ("steps", "tasks_per_step", "group_size", "max_tokens", "eval_every", "max_turns",
+                 "eval_samples")  # fmt: skip
+        for name in names:
             if getattr(self, name) < 1:
                 raise InvalidInput(f"--{name.replace('_', '-')} must be at least 1")
+        if self.max_turns > MAX_TURNS or self.eval_samples > MAX_EVAL_SAMPLES:
+            raise InvalidInput(
+                f"--max-turns must be at most {MAX_TURNS} and --eval-samples at most"
+                f" {MAX_EVAL_SAMPLES}"
+            )
+        if self.max_turns == 1 and get_mode(self.mode).uses_tools:
+            raise InvalidInput(
+                f"--mode {self.mode} gives the model tools: at --max-turns 1 every tool call would"
+                " end its rollout unanswered and training would teach the model to avoid its"
+                " tools; use --max-turns 2 or more"
+            )
+        check_estimator(self.estimator)
+        for name in ("kl_coef", "entropy_coef"):
+            if not 0 <= getattr(self, name) <= 10:
+                raise InvalidInput(f"--{name.replace('_', '-')} must be 0 to 10")
+        if self.report_to not in (None, "tensorboard"):
+            raise InvalidInput(f"--report-to {self.report_to!r}: the one choice is tensorboard")
+        if self.report_to and importlib.util.find_spec("tensorboard") is None:
+            raise InvalidInput(
+                "--report-to tensorboard needs the tensorboard package: "
+                "pip install 'rollfleet[tensorboard]'"
+            )
         if self.tasks_per_step * self.group_size > 4096:
             raise InvalidInput("--tasks-per-step × --group-size must be at most 4096")
         if not 0 <= self.max_staleness <= 1000:
@@ -97,13 +133,21 @@ class TrainOptions:
         return RunOptions(
             mode=self.mode, data=self.data, output_dir=self.output_dir,
             num_rollouts=self.tasks_per_step * self.group_size, max_tokens=self.max_tokens,
-            temperature=self.temperature, max_turns=1, **self.extra,
+            temperature=self.temperature, max_turns=self.max_turns, **self.extra,
         )  # fmt: skip
+
+    def loss(self) -> Any:
+        """The trainer's LossOptions from these settings."""
+        from rollfleet.train.grpo import LossOptions
+
+        return LossOptions(kl_coef=self.kl_coef, entropy_coef=self.entropy_coef,
+                           dynamic_sampling=self.dynamic_sampling,
+                           mask_truncated=self.mask_truncated)  # fmt: skip
 
     def fingerprint(self) -> dict[str, Any]:
         """The settings a checkpoint must share to be resumed (``steps`` may grow)."""
         kept = asdict(self)
-        for name in ("output_dir", "steps", "engine", "extra"):
+        for name in ("output_dir", "steps", "engine", "extra", "report_to"):
             kept.pop(name)
         kept["data"] = str(self.data.resolve())
         kept["eval_data"] = str(self.eval_data.resolve()) if self.eval_data else None
@@ -125,12 +169,13 @@ async def train(opts: TrainOptions, console: Console) -> list[dict[str, Any]]:
     preflight(run)
     await _check_reward(opts.mode, tasks[0].task)
     specs = build_specs(tasks, path=opts.data, mode=opts.mode, samples=1, settings=run.settings())
-    greedy = {**run.settings(), "temperature": 0.0}
+    # one greedy answer a task, or eval_samples answers at the training temperature
+    sampled = run.settings() if opts.eval_samples > 1 else {**run.settings(), "temperature": 0.0}
     eval_specs = build_specs(evals, path=opts.eval_data or opts.data, mode=opts.mode, samples=1,
-                             settings=greedy) if evals else []  # fmt: skip
+                             settings=sampled) if evals else []  # fmt: skip
     opts.output_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(opts.seed)
-    policy = Policy(load_policy()[0], lr=opts.lr, lora_rank=opts.lora_rank)
+    policy = Policy(load_policy()[0], lr=opts.lr, lora_rank=opts.lora_rank, loss=opts.loss())
     found = checkpoint.load(
         opts.output_dir / "checkpoints", policy.model, policy.optimizer, opts.fingerprint()
     )
@@ -147,6 +192,8 @@ async def train(opts: TrainOptions, console: Console) -> list[dict[str, Any]]:
             await loop.run(start, console)
         finally:
             await loop.coordinator.close()
+            if loop.board is not None:
+                loop.board.close()
     report.plot(loop.records, opts.output_dir / report.PLOT, f"rollfleet train: {opts.mode}, "
                 f"{opts.data.name}, K={opts.max_staleness}")  # fmt: skip
     return loop.records
@@ -210,6 +257,13 @@ async def _check_reward(mode: str, task: dict[str, Any]) -> None:
             f"mode {mode}: its reward raised {type(exc).__name__}: {exc} (scoring an empty "
             "answer to the first task); fix the reward before training on it"
         ) from exc
+    try:
+        await turn_reward(session, "", [])
+    except Exception as exc:
+        raise InvalidInput(
+            f"mode {mode}: its per-turn reward raised {type(exc).__name__}: {exc} (scoring an "
+            "empty first turn of the first task); fix it before training on it"
+        ) from exc
 
 
 class _Loop:
@@ -227,12 +281,17 @@ class _Loop:
         self.opts, self.policy, self.specs, self.eval_specs = opts, policy, specs, eval_specs
         self.records = records
         self.metrics = opts.output_dir / report.METRICS
+        self.board = (
+            report.TensorBoard(opts.output_dir / report.TENSORBOARD) if opts.report_to else None
+        )
         self.coordinator: CoordinatorClient = None  # type: ignore[assignment]
         self.gateway: Any = None
 
     def _record(self, record: dict[str, Any]) -> None:
         self.records.append(record)
         report.append(self.metrics, record)
+        if self.board is not None:
+            self.board.write(record)
 
     async def run(self, start: int, console: Console) -> None:
         """Steps ``start`` to ``steps - 1``, with a live display."""
@@ -285,10 +344,12 @@ class _Loop:
         began = time.perf_counter()
         result = await self.coordinator.finalize_train_batch(f"step-{step}")
         waited = time.perf_counter()
-        stats = await self.coordinator.process_experiences(f"step-{step}")
+        stats = await self.coordinator.process_experiences(
+            f"step-{step}", estimator=self.opts.estimator
+        )
         rows = [r for r in read_experiences(stats.path) if r.logprobs is not None]
         trained = time.perf_counter()
-        figures = self.policy.step(rows) if rows and any(r.advantage for r in rows) else None
+        figures = self.policy.step(rows) if _signal(rows) else None
         saved = time.perf_counter()
         record = {
             "kind": "step",
@@ -298,6 +359,9 @@ class _Loop:
             "reward/std": result.metrics.get("reward/std", 0.0),
             "experiences": len(rows),
             **_figures(figures, rows),
+            **_agent_figures(result.metrics, result.rollout_count),
+            "merge_breaks": stats.merge_breaks,
+            "rows_per_rollout": stats.metrics.get("rows_per_rollout/mean", 0.0),
             "seconds/wait": waited - began,
             "seconds/train": saved - trained,
         }
@@ -313,7 +377,8 @@ class _Loop:
         return record
 
     async def _evaluate(self, version: int) -> dict[str, Any] | None:
-        """Answer the eval split greedily with the weights ``version`` served now (once)."""
+        """Answer the eval split with the weights ``version`` served now (once): greedily, or
+        ``eval_samples`` times a task (then with pass@k and mean@n)."""
         if not self.eval_specs or any(
             r["kind"] == "eval" and r["version"] == version for r in self.records
         ):
@@ -322,19 +387,45 @@ class _Loop:
         batch = f"eval-{version}"
         if batch not in {b.batch_id for b in await self.coordinator.list_batches()}:
             await self.coordinator.submit_batch(batch, self.eval_specs, batch_type="eval",
+                                                repeat_times=self.opts.eval_samples,
                                                 priority=EVAL_PRIORITY)  # fmt: skip
         result = await self.coordinator.finalize_eval_batch(batch)
-        n = max(1, result.rollout_count)
+        metrics, n = result.metrics, max(1, result.rollout_count)
+        success = metrics.get("metric/correct/mean")
         record = {
             "kind": "eval",
             "version": version,
-            "reward": result.metrics.get("reward/mean", 0.0),
-            "stderr": result.metrics.get("reward/std", 0.0) / (n - 1 or 1) ** 0.5,
+            "reward": metrics.get("reward/mean", 0.0),
+            "stderr": metrics.get("reward/std", 0.0) / (n - 1 or 1) ** 0.5,
+            "success": success,  # the share of answers the mode calls correct
+            "success_stderr": None if success is None else (success * (1 - success) / n) ** 0.5,
+            "tool_call_rate": metrics.get("metric/used_tools/mean"),
+            "turns": metrics.get("metric/turns/mean"),
+            **{k: v for k, v in metrics.items() if k.startswith(("pass@", "mean@"))},
             "tasks": result.finished_task_count,
+            "samples": self.opts.eval_samples,
             "seconds": time.perf_counter() - began,
         }
         self._record(record)
         return record
+
+
+def _signal(rows: list[Experience]) -> bool:
+    """True when some row has an advantage to learn from (a batch of zeros teaches nothing)."""
+    return any(r.advantage or any(r.token_advantages or ()) for r in rows)
+
+
+def _agent_figures(metrics: dict[str, float], rollouts: int) -> dict[str, float]:
+    """What the agents did in a batch: turns, tool calls, the share of rollouts that used a
+    tool, tool errors, replies thrown away, and failed rollouts."""
+    out = {
+        name: metrics.get(f"metric/{name}/mean", 0.0)
+        for name in ("turns", "tool_calls", "tool_errors", "discarded")
+    }
+    out["tool_call_rate"] = metrics.get("metric/used_tools/mean", 0.0)
+    out["failed"] = sum(v for k, v in metrics.items() if k.startswith("failures/"))
+    out["rollouts"] = float(rollouts)
+    return out
 
 
 def _figures(stats: Any, rows: list[Experience]) -> dict[str, Any]:
@@ -348,6 +439,7 @@ def _figures(stats: Any, rows: list[Experience]) -> dict[str, Any]:
         "ratio_mean": stats.ratio_mean if stats else 1.0,
         "clipped": stats.clipped if stats else 0.0,
         "grad_norm": stats.grad_norm if stats else 0.0,
+        "rows_dropped": stats.rows_dropped if stats else 0,
         "action_tokens": sum(sum(r.action_mask) for r in rows),
         "staleness": {str(k): staleness[k] for k in sorted(staleness)},
         "staleness/max": max(staleness, default=0),

@@ -15,6 +15,7 @@ from typing import Any
 
 METRICS = "metrics.jsonl"
 PLOT = "reward.png"
+TENSORBOARD = "tensorboard"
 
 
 def rewrite(path: Path, records: Iterable[dict[str, Any]]) -> None:
@@ -59,3 +60,27 @@ def plot(records: list[dict[str, Any]], path: Path, title: str) -> Path:
     plt.close(fig)
     os.replace(work, path)
     return path
+
+
+class TensorBoard:
+    """Every record's numbers as TensorBoard scalars (``step/…`` at the steps done, ``eval/…`` at
+    the weights version), event files in one directory (``--report-to tensorboard``)."""
+
+    def __init__(self, directory: Path) -> None:
+        """Open a writer on ``directory`` (the tensorboard package is an optional extra)."""
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(directory))
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Add one record's numeric fields and flush them to disk."""
+        kind = str(record["kind"])
+        at = int(record["step"]) + 1 if kind == "step" else int(record["version"])
+        for key, value in record.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.writer.add_scalar(f"{kind}/{key}", value, at)
+        self.writer.flush()
+
+    def close(self) -> None:
+        """Close the event file."""
+        self.writer.close()
