@@ -67,6 +67,7 @@ function render(body, r, attempts, steps, reload) {
     ["finished", fmtDateTime(r.finished_at)],
     ["reward", r.result && r.result.reward !== null ? fmtNum(r.result.reward) : "–"],
     ["metrics", r.result ? compact(r.result.metrics) : "–"],
+    mergeBreaks(r, steps),
   ];
   const cancel = async () => {
     if (!(await confirmDialog("Cancel rollout?", h("p", {}, "Cancel ", h("code", {}, r.rollout_id), "? This cannot be undone."), "Cancel rollout"))) return;
@@ -92,6 +93,16 @@ function render(body, r, attempts, steps, reload) {
     r.result && r.result.output !== null && r.result.output !== undefined ? [h("h2", {}, "Output"), json(r.result.output)] : null,
     h("details", { class: "raw" }, h("summary", {}, "Raw JSON"), json({ rollout: r, attempts, steps })),
   );
+}
+
+// Calls of the latest attempt, after its first, that did not continue the conversation token-in:
+// each starts a training row of its own (docs/train.md, "Token-in across turns").
+function mergeBreaks(r, steps) {
+  const attempt = r.attempt && r.attempt.attempt_id;
+  const calls = steps.filter((s) => s.kind === "llm" && s.attempt_id === attempt && (s.payload || {}).finish_reason !== "abort");
+  if (calls.length < 2) return null;
+  const breaks = calls.slice(1).filter((s) => (s.payload || {}).token_in !== true).length;
+  return ["merge breaks", h("span", { id: "merge-breaks", title: "calls that did not continue the conversation token-in" }, `${breaks} of ${calls.length - 1} continuing calls`)];
 }
 
 function attemptsTable(attempts) {
@@ -131,6 +142,8 @@ function stepSummary(s) {
   if (prompt !== undefined) bits.push(`${prompt} prompt tokens`);
   if (completion !== undefined) bits.push(`${completion} completion tokens`);
   if (p.latency_s !== undefined) bits.push(`latency ${fmtDuration(p.latency_s)}`);
+  if (p.token_in === true) bits.push("token-in");
+  if (p.token_in === false) bits.push("merge break");
   if (p.latency_ms !== undefined) bits.push(`latency ${fmtDuration(p.latency_ms / 1000)}`);
   const reward = p.reward ?? (s.kind === "reward" ? p.value : undefined);
   if (reward !== undefined) bits.push(`reward ${fmtNum(reward)}`);
