@@ -35,6 +35,7 @@ class PriorCall:
     prompt_ids: list[int]
     completion_ids: list[int]
     finish_reason: str
+    text: str  # the reply as the engine returned it: the agent must send back exactly this
 
     @property
     def tokens(self) -> list[int]:
@@ -97,6 +98,8 @@ def continued_prompt(
     except Exception:  # a template that refuses the partial conversation: no continuation
         return None
     reply = plain[k]["content"]
+    if reply != prior.text:
+        return None  # the agent sent back another reply than the one sampled
     if not closed.startswith(opened + reply) or not whole.startswith(closed):
         return None  # the template rewrites the past, or the reply is not rendered verbatim
     closing = closed[len(opened) + len(reply) :]

@@ -150,7 +150,7 @@ class Priors:
             return
         call = PriorCall(request.request_id, result.model, list(request.messages),
                          list(result.prompt_token_ids), list(result.completion_token_ids),
-                         result.finish_reason.value)  # fmt: skip
+                         result.finish_reason.value, result.text)  # fmt: skip
         kept = self.by_attempt.setdefault(attempt_id, [])
         kept.append(call)
         del kept[: -self.calls]
