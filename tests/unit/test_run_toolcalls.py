@@ -87,3 +87,11 @@ def test_settings_and_seed() -> None:
     settings = LoopSettings.of({"run": {"max_turns": 2, "max_tokens": 9, "unknown": 1}})
     assert (settings.max_turns, settings.max_tokens, settings.max_retries) == (2, 9, 3)
     assert rollout_seed("a") == rollout_seed("a") != rollout_seed("b")
+
+
+def test_a_call_mid_line_or_with_text_after_its_arguments_is_read() -> None:
+    said = 'The answer is: CALL search {"query": "keeper"}, for example: 42'
+    assert parse_text(said, TOOLS) == ToolCall("search", {"query": "keeper"})
+    assert parse_text('CALL read {"doc_id": "d1"} then ANSWER', TOOLS) == ToolCall(
+        "read", {"doc_id": "d1"}
+    )

@@ -1,8 +1,9 @@
 """Reading a model's reply: native OpenAI tool calls, or the plain-text fallback small models
 manage.
 
-Plain text: a line ``CALL <tool> {json arguments}`` (or ``<tool_call>{"name": …, "arguments": …}
-</tool_call>``, the format several small instruct models were tuned on) calls a tool;
+Plain text: ``CALL <tool> {json arguments}`` (anywhere in a line; what follows the arguments is
+ignored), or ``<tool_call>{"name": …, "arguments": …}</tool_call>`` (the format several small
+instruct models were tuned on), calls a tool;
 anything else is the final answer (the part after ``ANSWER:`` when there is one).
 """
 
@@ -17,7 +18,7 @@ from typing import Any
 from rollfleet.envs.base import Tool
 
 _TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
-_CALL = re.compile(r"^\s*CALL\s+([A-Za-z_][\w]*)\s*(.*)$", re.MULTILINE)
+_CALL = re.compile(r"\bCALL\s+([A-Za-z_][\w]*)[ \t]*(.*)$", re.MULTILINE)
 _ANSWER = re.compile(r"ANSWER:\s*(.*)", re.DOTALL | re.IGNORECASE)
 
 
@@ -90,10 +91,20 @@ def parse_text(text: str, tools: Sequence[Tool]) -> ToolCall | None:
             ToolCall(body["name"], _arguments(body.get("arguments"), body["name"])), tools
         )
     if match := _CALL.search(text):
-        return _known(
-            ToolCall(match.group(1), _arguments(match.group(2).strip(), match.group(1))), tools
-        )
+        name = match.group(1)
+        return _known(ToolCall(name, _arguments(_first_json(match.group(2)), name)), tools)
     return None
+
+
+def _first_json(rest: str) -> str:
+    """The arguments after ``CALL <tool>``: the first JSON value there (whatever text follows
+    it on the line), else the rest of the line as it is."""
+    rest = rest.strip()
+    try:
+        _, end = json.JSONDecoder().raw_decode(rest)
+    except json.JSONDecodeError:
+        return rest
+    return rest[:end]
 
 
 def final_answer(text: str) -> str:

@@ -1,4 +1,4 @@
-"""Environments for ``rollfleet run``: one module per mode (math, py, rag, web, osworld).
+"""Environments for ``rollfleet run``: one module per mode (math, py, rag, web, osworld, lookup).
 
 :func:`get_mode` returns a :class:`~rollfleet.envs.base.Mode`; :class:`EnvSpec` says what
 ``ctx.env`` a runner process gives its rollouts, and :func:`build_env_source` builds it.
@@ -14,7 +14,7 @@ from rollfleet.envs.base import Mode, Score, Session, StaticEnv, Tool
 from rollfleet.errors import InvalidInput
 from rollfleet.pool.base import EnvSource
 
-MODES = ("math", "py", "rag", "web", "osworld")
+MODES = ("math", "py", "rag", "web", "osworld", "lookup")
 # What the model is shown, per mode that has a choice (the first is the default).
 OBSERVATIONS = {
     "web": ("text", "screenshot", "both"),
@@ -62,6 +62,10 @@ def get_mode(name: str | None, observation: str | None = None) -> Mode:
         from rollfleet.envs.osworld import OSWorldMode
 
         return OSWorldMode(observation)
+    if name == "lookup":
+        from rollfleet.envs.lookup import LookupMode
+
+        return LookupMode()
     raise InvalidInput(f"unknown mode {name!r}; the modes are {', '.join(MODES)}")
 
 
@@ -85,10 +89,10 @@ class EnvSpec(BaseModel):
 
 
 def build_env_source(spec: EnvSpec, concurrency: int = 1) -> EnvSource | None:
-    """The EnvSource for ``spec`` (None for math, which needs no environment)."""
+    """The EnvSource for ``spec`` (None for math and lookup, which need no environment)."""
     from rollfleet.pool import env_source
 
-    if spec.mode == "math":
+    if spec.mode in ("math", "lookup"):
         return None
     if spec.mode == "rag":
         from rollfleet.envs.rag import RagIndex

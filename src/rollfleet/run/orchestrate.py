@@ -51,7 +51,7 @@ AGENT = "rollfleet.agents.loop:agent"
 # Modes whose environment costs nothing on this machine: rollouts only wait on the engine, so
 # the engine gets every core and one runner process runs them all (8 processes, one rollout
 # each, spent 5 s starting and 28.0 s in all for the demo; one process 22.8 s: bench/run.py).
-LIGHT_MODES = ("math", "rag")
+LIGHT_MODES = ("math", "rag", "lookup")
 DEFAULT_ROLLOUTS = 8
 POLL_S = 0.25
 
