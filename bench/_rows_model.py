@@ -208,3 +208,30 @@ def storage_rows(st: dict[str, Any] | None) -> list[str]:
         f"{st['inline_base64_bytes_per_trajectory'] / 1e3:,.0f} kB (inline base64, as before) | "
         f"{st['ratio']:.1f}× less |"
     ]
+
+
+def train_agent_rows(d: dict[str, Any]) -> list[str]:
+    """Token-in across turns vs re-tokenizing every turn, 3-turn lookup conversations."""
+    st, a, b = d["settings"], d["sides"]["token_in"], d["sides"]["retokenize"]
+    what = (
+        f"{st['turns']}-turn lookup conversations (bundled SmolLM2, llama.cpp, {st['conversations']} "
+        f"concurrent, {st['max_tokens']} tokens, T={st['temperature']:g}), median [range] of "
+        f"{st['rounds']} alternating rounds"
+    )
+    one = a["one_row_share"]["median"], b["one_row_share"]["median"]
+    return [
+        f"| agent training | prompt tokens prefilled per rollout (prompt minus prefix-cache hits), "
+        f"{what} | {spread(a['prefilled_tokens_per_rollout'])} (token-in) | "
+        f"{spread(b['prefilled_tokens_per_rollout'])} (re-tokenize every turn) | "
+        f"{d['prefilled_ratio']:.2f}× (re-tokenize / token-in) |",
+        f"| agent training | training rows per rollout, same runs; conversations that train as one "
+        f"row {one[0]:.0%} vs {one[1]:.0%}; action tokens differing from the sampled ones "
+        f"{a['action_mismatches']} | {spread(a['rows_per_rollout'], 2)} (token-in) | "
+        f"{spread(b['rows_per_rollout'], 2)} (re-tokenize every turn) | "
+        f"{d['rows_ratio']:.2f}× (re-tokenize / token-in) |",
+        f"| agent training | tokens the trainer processes per rollout (its rows' lengths: a split "
+        f"row repeats the conversation so far), same runs | "
+        f"{spread(a['trained_tokens_per_rollout'])} (token-in) | "
+        f"{spread(b['trained_tokens_per_rollout'])} (re-tokenize every turn) | "
+        f"{d['trained_ratio']:.2f}× (re-tokenize / token-in) |",
+    ]
