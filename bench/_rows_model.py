@@ -234,4 +234,17 @@ def train_agent_rows(d: dict[str, Any]) -> list[str]:
         f"{spread(a['trained_tokens_per_rollout'])} (token-in) | "
         f"{spread(b['trained_tokens_per_rollout'])} (re-tokenize every turn) | "
         f"{d['trained_ratio']:.2f}× (re-tokenize / token-in) |",
+    ] + _agent_step_rows(d.get("step"))
+
+
+def _agent_step_rows(step: dict[str, Any] | None) -> list[str]:
+    """The step time of the real multi-turn run and its split, when the bench read its metrics."""
+    if not step:
+        return []
+    split = " / ".join(f"{step[f'seconds/{k}']['median']:.1f}" for k in ("wait", "train", "sync"))
+    return [
+        f"| agent training | one step of the real multi-turn run (`rollfleet train --mode lookup`, "
+        f"4 × 8 rollouts of up to 3 turns, LoRA, K=1, engine and trainer on 2 cores; "
+        f"[docs/train.md](docs/train.md)), median [range] of its {step['steps']} steps; "
+        f"wait / train / sync {split} s | {spread(step['seconds/step'])} s | – | – |"
     ]
