@@ -1,5 +1,6 @@
-"""``rollfleet train`` checks the mode's reward before it starts anything: a reward that raises is
-one InvalidInput naming the mode and the error, and the output directory is never created."""
+"""``rollfleet train`` checks the mode's reward (and per-turn reward) before it starts anything: one
+that raises is one InvalidInput naming the mode and the error, and the output directory is never
+created."""
 
 from __future__ import annotations
 
@@ -31,22 +32,6 @@ class BrokenMode(MathMode):
         return BrokenSession(task)
 
 
-async def test_a_reward_that_raises_is_refused_before_anything_starts(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    require(bool(importlib.util.find_spec("torch")), "torch")
-    import rollfleet.run.train as run_train
-    from rollfleet.run.train import TrainOptions, train
-
-    monkeypatch.setattr(run_train, "get_mode", lambda name: BrokenMode())
-    data = tmp_path / "tasks.jsonl"
-    data.write_text('{"question": "What is 1 + 1?", "answer": 2}\n')
-    out = tmp_path / "out"
-    with pytest.raises(InvalidInput, match=r"mode math: its reward raised KeyError: 'expected'"):
-        await train(TrainOptions(mode="math", data=data, output_dir=out), Console(quiet=True))
-    assert not out.exists()
-
-
 class BrokenTurnSession(MathSession):
     """A math session whose per-turn reward has a bug."""
 
@@ -63,17 +48,24 @@ class BrokenTurnMode(MathMode):
         return BrokenTurnSession(task)
 
 
-async def test_a_per_turn_reward_that_raises_is_refused_before_anything_starts(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("broken", "message"),
+    [
+        (BrokenMode, r"mode math: its reward raised KeyError: 'expected'"),
+        (BrokenTurnMode, r"mode math: its per-turn reward raised ZeroDivisionError"),
+    ],
+)
+async def test_a_reward_that_raises_is_refused_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, broken: type[MathMode], message: str
 ) -> None:
     require(bool(importlib.util.find_spec("torch")), "torch")
     import rollfleet.run.train as run_train
     from rollfleet.run.train import TrainOptions, train
 
-    monkeypatch.setattr(run_train, "get_mode", lambda name: BrokenTurnMode())
+    monkeypatch.setattr(run_train, "get_mode", lambda name: broken())
     data = tmp_path / "tasks.jsonl"
     data.write_text('{"question": "What is 1 + 1?", "answer": 2}\n')
     out = tmp_path / "out"
-    with pytest.raises(InvalidInput, match=r"its per-turn reward raised ZeroDivisionError"):
+    with pytest.raises(InvalidInput, match=message):
         await train(TrainOptions(mode="math", data=data, output_dir=out), Console(quiet=True))
     assert not out.exists()
