@@ -73,10 +73,16 @@ class Recorded:
         from rollfleet.model import Step
 
         return [
-            Step(rollout_id=r, attempt_id=attempt_id, sequence=i, kind=s.kind,
-                 payload=s.payload, timestamp=s.timestamp or 0.0)
+            Step(
+                rollout_id=r,
+                attempt_id=attempt_id,
+                sequence=i,
+                kind=s.kind,
+                payload=s.payload,
+                timestamp=s.timestamp or 0.0,
+            )
             for i, (r, s) in enumerate(self.steps.get(attempt_id, []), 1)
-        ]  # fmt: skip
+        ]
 
 
 def tasks() -> list[dict[str, Any]]:
@@ -133,9 +139,11 @@ async def one_round(side: str, r: int, n: int = CONVERSATIONS) -> dict[str, Any]
     try:
         began = time.perf_counter()
         done = await asyncio.gather(
-            *(conversation(gateway, t, f"r{r}-c{i}", 10_000 * r + 100 * i)
-              for i, t in enumerate(batch))
-        )  # fmt: skip
+            *(
+                conversation(gateway, t, f"r{r}-c{i}", 10_000 * r + 100 * i)
+                for i, t in enumerate(batch)
+            )
+        )
         wall = time.perf_counter() - began
     finally:
         await engine.stop()
@@ -237,13 +245,20 @@ def main(rounds: int = ROUNDS, n: int = CONVERSATIONS) -> dict[str, Any]:
         ],
     )
     settings = {
-        "rounds": rounds, "order": "A B (token_in, retokenize) each round", "conversations": n,
-        "turns": TURNS, "max_tokens": MAX_TOKENS, "temperature": TEMPERATURE, "slots": SLOTS,
-        "ctx_per_seq": CTX_PER_SEQ, "data": str(DATA.relative_to(ROOT)), "mode": "lookup",
+        "rounds": rounds,
+        "order": "A B (token_in, retokenize) each round",
+        "conversations": n,
+        "turns": TURNS,
+        "max_tokens": MAX_TOKENS,
+        "temperature": TEMPERATURE,
+        "slots": SLOTS,
+        "ctx_per_seq": CTX_PER_SEQ,
+        "data": str(DATA.relative_to(ROOT)),
+        "mode": "lookup",
         "engine": "llamacpp, bundled SmolLM2-135M, fresh engine (cold prefix cache) each round",
         "seeds": "10000 * round + 100 * conversation + turn, both sides",
         "nproc": len(os.sched_getaffinity(0)),
-    }  # fmt: skip
+    }
     return write_results("train_agent", {"settings": settings, **out}, COMMAND)
 
 

@@ -56,10 +56,16 @@ class Recorded:
         """One attempt's steps as the store hands them back."""
         mine = [(r, a, s) for r, a, s in self.steps if a == attempt_id]
         return [
-            Step(rollout_id=r, attempt_id=a, sequence=i, kind=s.kind, payload=s.payload,
-                 timestamp=s.timestamp or 0.0)
+            Step(
+                rollout_id=r,
+                attempt_id=a,
+                sequence=i,
+                kind=s.kind,
+                payload=s.payload,
+                timestamp=s.timestamp or 0.0,
+            )
             for i, (r, a, s) in enumerate(mine, 1)
-        ]  # fmt: skip
+        ]
 
 
 @dataclass
@@ -103,8 +109,10 @@ def departed(results: list[Generation]) -> int:
     out = 0
     for before, g in zip(results, results[1:], strict=False):
         seen, prompt = before.prompt_token_ids + before.completion_token_ids, g.prompt_token_ids
-        same = next((k for k, (a, b) in enumerate(zip(seen, prompt, strict=False)) if a != b),
-                    min(len(seen), len(prompt)))  # fmt: skip
+        same = next(
+            (k for k, (a, b) in enumerate(zip(seen, prompt, strict=False)) if a != b),
+            min(len(seen), len(prompt)),
+        )
         out += len(prompt) - same
     return out
 

@@ -33,8 +33,9 @@ def tiny_sharp() -> tuple[Any, Any]:
     return model, tokenizer
 
 
-def experience(index: int, prompt: list[int], completion: list[int], logprobs: list[float],
-               temperature: float) -> Experience:  # fmt: skip
+def experience(
+    index: int, prompt: list[int], completion: list[int], logprobs: list[float], temperature: float
+) -> Experience:
     """One sampled completion as a training row (advantage +1 or -1)."""
     n = len(prompt)
     sign = 1.0 if index % 2 else -1.0
@@ -80,7 +81,7 @@ async def test_on_policy_rows_sampled_at_temperature_half_have_ratio_one() -> No
                 temperature=TEMPERATURE,
                 seed=i,
                 logprobs=True,
-            )  # fmt: skip
+            )
             for i, q in enumerate(QUESTIONS)
         ]
     finally:
@@ -96,7 +97,7 @@ async def test_on_policy_rows_sampled_at_temperature_half_have_ratio_one() -> No
                 list(g.completion_token_ids),
                 list(g.logprobs or []),
                 temperature,
-            )  # fmt: skip
+            )
             for i, g in enumerate(sampled)
         ]
 

@@ -200,8 +200,15 @@ def test_sampled_ids_are_kept_verbatim_where_the_text_tokenizes_otherwise(r, sam
     completion = [byte_ids[b] for b in sampled]
     reply = r.text(completion)
     assert r.fragment_ids(reply) != completion, why  # the drift token-in avoids
-    first = PriorCall("c1", "tiny", [SYSTEM, TASK], r.fragment_ids(r.render([SYSTEM, TASK], True)),
-                      [*completion, r.im_end], "stop", reply)  # fmt: skip
+    first = PriorCall(
+        "c1",
+        "tiny",
+        [SYSTEM, TASK],
+        r.fragment_ids(r.render([SYSTEM, TASK], True)),
+        [*completion, r.im_end],
+        "stop",
+        reply,
+    )
     messages = _turn2(first, reply)
     prompt = continued_prompt(r, first, messages)
     assert prompt is not None and token_in(first, prompt)

@@ -37,9 +37,16 @@ def former(std_normalize: bool = True) -> dict[str, float]:
 def test_grpo_divides_by_the_groups_std_and_is_grpo_advantages() -> None:
     got = group_advantages(REWARDS, GROUPS, "grpo")
     eps = 1e-6
-    want = {"a1": 1 / (1 + eps), "a2": -1 / (1 + eps), "a3": 0.0, "b1": 0.75 / (0.5 + eps),
-            "b2": -0.25 / (0.5 + eps), "b3": -0.25 / (0.5 + eps), "b4": -0.25 / (0.5 + eps),
-            "c": 0.0}  # fmt: skip
+    want = {
+        "a1": 1 / (1 + eps),
+        "a2": -1 / (1 + eps),
+        "a3": 0.0,
+        "b1": 0.75 / (0.5 + eps),
+        "b2": -0.25 / (0.5 + eps),
+        "b3": -0.25 / (0.5 + eps),
+        "b4": -0.25 / (0.5 + eps),
+        "c": 0.0,
+    }
     assert got == pytest.approx(want, abs=1e-12)
     assert got == former()  # exactly, bit for bit
     assert group_advantages(REWARDS, GROUPS) == got  # the default
@@ -47,8 +54,16 @@ def test_grpo_divides_by_the_groups_std_and_is_grpo_advantages() -> None:
 
 def test_drgrpo_subtracts_the_groups_mean_only() -> None:
     got = group_advantages(REWARDS, GROUPS, "drgrpo")
-    want = {"a1": 1.0, "a2": -1.0, "a3": 0.0, "b1": 0.75, "b2": -0.25, "b3": -0.25,
-            "b4": -0.25, "c": 0.0}  # fmt: skip
+    want = {
+        "a1": 1.0,
+        "a2": -1.0,
+        "a3": 0.0,
+        "b1": 0.75,
+        "b2": -0.25,
+        "b3": -0.25,
+        "b4": -0.25,
+        "c": 0.0,
+    }
     assert got == pytest.approx(want, abs=1e-12)
     assert got == former(std_normalize=False)
 
@@ -56,8 +71,16 @@ def test_drgrpo_subtracts_the_groups_mean_only() -> None:
 def test_rloo_subtracts_the_mean_of_the_other_members() -> None:
     got = group_advantages(REWARDS, GROUPS, "rloo")
     # a1: 3 - (1 + 2) / 2; b1: 1 - 0; b2: 0 - 1/3; i.e. n / (n - 1) * (r - mean)
-    want = {"a1": 1.5, "a2": -1.5, "a3": 0.0, "b1": 1.0, "b2": -1 / 3, "b3": -1 / 3,
-            "b4": -1 / 3, "c": 0.0}  # fmt: skip
+    want = {
+        "a1": 1.5,
+        "a2": -1.5,
+        "a3": 0.0,
+        "b1": 1.0,
+        "b2": -1 / 3,
+        "b3": -1 / 3,
+        "b4": -1 / 3,
+        "c": 0.0,
+    }
     assert got == pytest.approx(want, abs=1e-12)
 
 

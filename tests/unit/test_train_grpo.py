@@ -158,8 +158,9 @@ def step(rows, **options):  # type: ignore[no-untyped-def]
     model = bigram()
     reference = options.pop("reference", None)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    stats = grpo_step(model, optimizer, rows, micro_batch=2, reference=reference,
-                      options=LossOptions(**options))  # fmt: skip
+    stats = grpo_step(
+        model, optimizer, rows, micro_batch=2, reference=reference, options=LossOptions(**options)
+    )
     return stats, model
 
 
@@ -211,9 +212,13 @@ def test_per_token_advantages_weigh_each_token() -> None:
 
     from rollfleet.train.grpo import collate, grpo_loss
 
-    rows = [dataclasses.replace(row([1, 2, 3, 4], 1, 9.0, logprobs=[0.0, -1.0, -1.0, -1.0]),
-                                token_advantages=[7.0, 0.5, -2.0, 3.0]),
-            row([1, 2], 1, -1.0, logprobs=[0.0, -1.0])]  # fmt: skip
+    rows = [
+        dataclasses.replace(
+            row([1, 2, 3, 4], 1, 9.0, logprobs=[0.0, -1.0, -1.0, -1.0]),
+            token_advantages=[7.0, 0.5, -2.0, 3.0],
+        ),
+        row([1, 2], 1, -1.0, logprobs=[0.0, -1.0]),
+    ]
     batch = collate(rows)
     new = torch.tensor([[0.0, -1.0, -1.0, -1.0], [0.0, -1.0, 0.0, 0.0]], requires_grad=True)
     loss, stats = grpo_loss(new, batch)  # on-policy: ratio 1, the loss is -mean A

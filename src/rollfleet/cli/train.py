@@ -69,15 +69,31 @@ def train_command(
     if lora_rank < 0:
         raise InvalidInput(f"--lora-rank must be 0 (full fine-tuning) or more, got {lora_rank}")
     opts = TrainOptions(
-        mode=mode, data=data, output_dir=output_dir, steps=steps, tasks_per_step=tasks_per_step,
-        group_size=group_size, max_staleness=max_staleness, lr=lr,
-        lora_rank=lora_rank or None, max_tokens=max_tokens, temperature=temperature, seed=seed,
-        eval_data=eval_data, eval_every=eval_every, engine=engine, max_turns=max_turns,
-        estimator=estimator, kl_coef=kl_coef, entropy_coef=entropy_coef,
-        dynamic_sampling=dynamic_sampling, mask_truncated=mask_truncated,
-        eval_samples=eval_samples, report_to=report_to,
+        mode=mode,
+        data=data,
+        output_dir=output_dir,
+        steps=steps,
+        tasks_per_step=tasks_per_step,
+        group_size=group_size,
+        max_staleness=max_staleness,
+        lr=lr,
+        lora_rank=lora_rank or None,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        seed=seed,
+        eval_data=eval_data,
+        eval_every=eval_every,
+        engine=engine,
+        max_turns=max_turns,
+        estimator=estimator,
+        kl_coef=kl_coef,
+        entropy_coef=entropy_coef,
+        dynamic_sampling=dynamic_sampling,
+        mask_truncated=mask_truncated,
+        eval_samples=eval_samples,
+        report_to=report_to,
         extra={"engine_threads": engine_threads} if engine_threads else {},
-    )  # fmt: skip
+    )
     if trainer not in ("builtin", "trl"):
         raise InvalidInput(f"--trainer {trainer!r}: choose builtin or trl")
     try:

@@ -253,10 +253,16 @@ class RolloutCoordinator:
             raise
         log.info(
             "batch %s submitted: %s, %d tasks × %d, min_wait_num=%s, policy=%s%s",
-            batch_id, batch_type, len(tasks), repeat_times, min_wait_num, chosen.value,
-            "" if bound is None else f", max_staleness={bound}" + (
-                ", held back" if batch.held else ""),
-        )  # fmt: skip
+            batch_id,
+            batch_type,
+            len(tasks),
+            repeat_times,
+            min_wait_num,
+            chosen.value,
+            ""
+            if bound is None
+            else f", max_staleness={bound}" + (", held back" if batch.held else ""),
+        )
         return batch.info()
 
     # --- staleness control ----------------------------------------------------------------------
@@ -303,8 +309,9 @@ class RolloutCoordinator:
                     break
                 await self._admit(batch, batch.held)
                 admitted.append(batch.batch_id)
-                log.info("batch %s admitted at policy version %d", batch.batch_id,
-                         self.policy_version)  # fmt: skip
+                log.info(
+                    "batch %s admitted at policy version %d", batch.batch_id, self.policy_version
+                )
         return admitted
 
     # --- finalize -------------------------------------------------------------------------------
@@ -353,12 +360,26 @@ class RolloutCoordinator:
             grace = self.wait_after_min if wait_after_min is None else wait_after_min
             index = self._finalize_count
             whole = kind == "train" and due(batch.max_staleness, batch.admitted_at, index)
-            must = [r for c in self._pool if due(c.max_staleness, c.admitted_at, index)
-                    for r in c.rollout_ids] if kind == "train" else []  # fmt: skip
+            must = (
+                [
+                    r
+                    for c in self._pool
+                    if due(c.max_staleness, c.admitted_at, index)
+                    for r in c.rollout_ids
+                ]
+                if kind == "train"
+                else []
+            )
             await wait_for_batch(
-                self._s, batch, timeout, grace, whole, must,
-                poll_interval_s=self.poll_interval_s, reap_interval_s=self.reap_interval_s,
-            )  # fmt: skip
+                self._s,
+                batch,
+                timeout,
+                grace,
+                whole,
+                must,
+                poll_interval_s=self.poll_interval_s,
+                reap_interval_s=self.reap_interval_s,
+            )
             stragglers = [g for g, ids in batch.groups().items() if not batch.task_done(ids)]
             if stragglers and (batch.policy is StragglerPolicy.CANCEL or kind == "eval"):
                 await self._cancel([r for g in stragglers for r in batch.groups()[g]], batch)
@@ -402,15 +423,25 @@ class RolloutCoordinator:
             included.update({r: late for r in c.rollout_ids})
         rollouts = await fetch_rollouts(self._s, list(included))
         carried = [
-            Carried(group_id=g, rollout_ids=groups[g], origin_batch_id=batch.batch_id,
-                    origin_index=at, admitted_at=batch.admitted_at,
-                    max_staleness=batch.max_staleness)
+            Carried(
+                group_id=g,
+                rollout_ids=groups[g],
+                origin_batch_id=batch.batch_id,
+                origin_index=at,
+                admitted_at=batch.admitted_at,
+                max_staleness=batch.max_staleness,
+            )
             for g in stragglers
-        ]  # fmt: skip
+        ]
         result = await batch_result(
-            self._s, batch, rollouts, included, carried_in=len(ready),
-            carried_out=len(carried), collect_tokens=self.collect_tokens,
-        )  # fmt: skip
+            self._s,
+            batch,
+            rollouts,
+            included,
+            carried_in=len(ready),
+            carried_out=len(carried),
+            collect_tokens=self.collect_tokens,
+        )
         move_batch(batch, S.FINALIZED)  # refused if abort_batch ran while we read
         mine = {r.rollout_id: r.status for r in rollouts if r.rollout_id in batch.statuses}
         batch.statuses.update(mine)
@@ -422,9 +453,13 @@ class RolloutCoordinator:
         if index is not None:
             self._finalize_count, self._pool = index + 1, batch.carry_pool
         log.info(
-            "batch %s finalized: %d/%d tasks, %d carried in, %d carried out", batch.batch_id,
-            result.finished_task_count, batch.expected_task_count, len(ready), len(carried),
-        )  # fmt: skip
+            "batch %s finalized: %d/%d tasks, %d carried in, %d carried out",
+            batch.batch_id,
+            result.finished_task_count,
+            batch.expected_task_count,
+            len(ready),
+            len(carried),
+        )
         return result
 
     # --- abort ----------------------------------------------------------------------------------
@@ -453,9 +488,12 @@ class RolloutCoordinator:
         await self._save(batch)
         await self._admit_held()  # an aborted batch makes room for held ones
         log.info(
-            "batch %s aborted (%s): %d finished results %s", batch.batch_id, reason, len(kept),
+            "batch %s aborted (%s): %d finished results %s",
+            batch.batch_id,
+            reason,
+            len(kept),
             "kept" if keep_partial_results else "not used",
-        )  # fmt: skip
+        )
         return aborted
 
     # --- experiences ----------------------------------------------------------------------------
@@ -479,7 +517,9 @@ class RolloutCoordinator:
         directory = output_dir or self.experience_dir
         stats = await write_batch_experiences(self._s, batch, directory, estimator)
         log.info(
-            "batch %s: %d experiences written to %s", batch.batch_id, stats.experience_count,
+            "batch %s: %d experiences written to %s",
+            batch.batch_id,
+            stats.experience_count,
             stats.path,
-        )  # fmt: skip
+        )
         return stats

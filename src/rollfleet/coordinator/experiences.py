@@ -190,10 +190,9 @@ def _temperature(payload: Mapping[str, Any]) -> float:
     return float(value) if isinstance(value, (int, float)) and value > 0 else 1.0
 
 
-def _extends(cur: TokenSequence | None, prompt: list[int], temperature: float) -> bool:
+def _extends(cur: TokenSequence, prompt: list[int], temperature: float) -> bool:
     return (
-        cur is not None
-        and cur.temperature == temperature
+        cur.temperature == temperature
         and len(prompt) >= len(cur.tokens)
         and prompt[: len(cur.tokens)] == cur.tokens
     )

@@ -131,7 +131,9 @@ class Priors:
         self.by_attempt: OrderedDict[str, list[PriorCall]] = OrderedDict()
         self.attempts, self.calls = attempts, calls
 
-    def attach(self, request: GenerationRequest, attempt_id: str | None, model: str) -> Any:
+    def attach(
+        self, request: GenerationRequest, attempt_id: str | None, model: str
+    ) -> GenerationRequest:
         """``request`` with the latest earlier call of its attempt that it continues (or asks
         again), when the same model answered it."""
         if request.messages is None or not attempt_id or attempt_id not in self.by_attempt:
@@ -148,9 +150,15 @@ class Priors:
         """Keep a finished chat call as one its attempt's next calls may continue."""
         if request.messages is None or not attempt_id or result.aborted:
             return
-        call = PriorCall(request.request_id, result.model, list(request.messages),
-                         list(result.prompt_token_ids), list(result.completion_token_ids),
-                         result.finish_reason.value, result.text)  # fmt: skip
+        call = PriorCall(
+            request.request_id,
+            result.model,
+            list(request.messages),
+            list(result.prompt_token_ids),
+            list(result.completion_token_ids),
+            result.finish_reason.value,
+            result.text,
+        )
         kept = self.by_attempt.setdefault(attempt_id, [])
         kept.append(call)
         del kept[: -self.calls]
@@ -317,8 +325,11 @@ class Gateway:
                 raise EngineError("gateway: no engine replica to update")
             if base is not None:
                 replicas = self.router.replicas.values()
-                others = [f"{r.replica_id} serves {r.engine.version}"
-                          for r in replicas if r.engine.version != base]  # fmt: skip
+                others = [
+                    f"{r.replica_id} serves {r.engine.version}"
+                    for r in replicas
+                    if r.engine.version != base
+                ]
                 if others:
                     raise Conflict(
                         f"weights delta computed against version {base}, but {', '.join(others)}"
@@ -338,8 +349,14 @@ class Gateway:
                     pauses[replica.replica_id] = round(pause, 6)
                 log.info("gateway: %s now serves weights version %d", replica.replica_id, version)
             delta = {} if base is None else {"base": base}
-            return {"version": version, **delta, "tensors": len(tensors), "update_s": totals,
-                    "pause_s": pauses, "replicas": self.replicas()}  # fmt: skip
+            return {
+                "version": version,
+                **delta,
+                "tensors": len(tensors),
+                "update_s": totals,
+                "pause_s": pauses,
+                "replicas": self.replicas(),
+            }
 
     @property
     def in_flight(self) -> int:

@@ -312,10 +312,14 @@ class HFEngine(ThreadedEngine):
         """A token's text as the template writes it (``<|im_end|>`` for that token)."""
         return str(self.tokenizer.decode([token], skip_special_tokens=False))
 
+    def end_ids(self) -> set[int]:
+        """The model's end-of-generation token ids (from its generation config)."""
+        eos = self.hf_model.generation_config.eos_token_id
+        return set(eos if isinstance(eos, list) else [eos]) - {None}
+
     def is_end(self, token: int) -> bool:
         """True for the model's end-of-generation tokens."""
-        eos = self.hf_model.generation_config.eos_token_id
-        return token in (eos if isinstance(eos, list) else [eos])
+        return token in self.end_ids()
 
     def prepare(self, request: GenerationRequest) -> tuple[list[int], Any]:
         """On the worker: a request's prompt ids and what else its prefill needs (None for

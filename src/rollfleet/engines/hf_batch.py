@@ -136,8 +136,7 @@ class DecodeBatch:
         self.engine = engine
         self.cache_keyword, self.last_logits_only = forward_keywords(engine.hf_model)
         self.rows = self.admit(pendings)
-        eos = engine.hf_model.generation_config.eos_token_id
-        self.eos = set(eos if isinstance(eos, list) else [eos]) - {None}
+        self.eos = engine.end_ids()
 
     def admit(self, pendings: list[Pending]) -> list[Row]:
         """Rows for ``pendings``; one aborted, refused or asking for no tokens ends at once."""

@@ -87,8 +87,15 @@ class TrainOptions:
 
     def check(self) -> None:
         """Refuse impossible numbers before anything starts."""
-        names = ("steps", "tasks_per_step", "group_size", "max_tokens", "eval_every", "max_turns",
-                 "eval_samples")  # fmt: skip
+        names = (
+            "steps",
+            "tasks_per_step",
+            "group_size",
+            "max_tokens",
+            "eval_every",
+            "max_turns",
+            "eval_samples",
+        )
         for name in names:
             if getattr(self, name) < 1:
                 raise InvalidInput(f"--{name.replace('_', '-')} must be at least 1")
@@ -131,18 +138,26 @@ class TrainOptions:
     def run_options(self) -> RunOptions:
         """The fleet's options: one rollout slot per sample of a step's batch."""
         return RunOptions(
-            mode=self.mode, data=self.data, output_dir=self.output_dir,
-            num_rollouts=self.tasks_per_step * self.group_size, max_tokens=self.max_tokens,
-            temperature=self.temperature, max_turns=self.max_turns, **self.extra,
-        )  # fmt: skip
+            mode=self.mode,
+            data=self.data,
+            output_dir=self.output_dir,
+            num_rollouts=self.tasks_per_step * self.group_size,
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            max_turns=self.max_turns,
+            **self.extra,
+        )
 
     def loss(self) -> Any:
         """The trainer's LossOptions from these settings."""
         from rollfleet.train.grpo import LossOptions
 
-        return LossOptions(kl_coef=self.kl_coef, entropy_coef=self.entropy_coef,
-                           dynamic_sampling=self.dynamic_sampling,
-                           mask_truncated=self.mask_truncated)  # fmt: skip
+        return LossOptions(
+            kl_coef=self.kl_coef,
+            entropy_coef=self.entropy_coef,
+            dynamic_sampling=self.dynamic_sampling,
+            mask_truncated=self.mask_truncated,
+        )
 
     def fingerprint(self) -> dict[str, Any]:
         """The settings a checkpoint must share to be resumed (``steps`` may grow)."""
@@ -171,8 +186,13 @@ async def train(opts: TrainOptions, console: Console) -> list[dict[str, Any]]:
     specs = build_specs(tasks, path=opts.data, mode=opts.mode, samples=1, settings=run.settings())
     # one greedy answer a task, or eval_samples answers at the training temperature
     sampled = run.settings() if opts.eval_samples > 1 else {**run.settings(), "temperature": 0.0}
-    eval_specs = build_specs(evals, path=opts.eval_data or opts.data, mode=opts.mode, samples=1,
-                             settings=sampled) if evals else []  # fmt: skip
+    eval_specs = (
+        build_specs(
+            evals, path=opts.eval_data or opts.data, mode=opts.mode, samples=1, settings=sampled
+        )
+        if evals
+        else []
+    )
     opts.output_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(opts.seed)
     policy = Policy(load_policy()[0], lr=opts.lr, lora_rank=opts.lora_rank, loss=opts.loss())
@@ -185,8 +205,9 @@ async def train(opts: TrainOptions, console: Console) -> list[dict[str, Any]]:
     if found is not None:
         console.print(f"resuming after step {found.step} from {found.path}", soft_wrap=True)
     async with embedded_fleet(run, opts, console) as fleet:
-        console.print(f"control plane and dashboard (Batches: the steps): {fleet.url}",
-                      soft_wrap=True)  # fmt: skip
+        console.print(
+            f"control plane and dashboard (Batches: the steps): {fleet.url}", soft_wrap=True
+        )
         loop.coordinator, loop.gateway = CoordinatorClient(fleet.url), fleet.gateway
         try:
             await loop.run(start, console)
@@ -194,8 +215,11 @@ async def train(opts: TrainOptions, console: Console) -> list[dict[str, Any]]:
             await loop.coordinator.close()
             if loop.board is not None:
                 loop.board.close()
-    report.plot(loop.records, opts.output_dir / report.PLOT, f"rollfleet train: {opts.mode}, "
-                f"{opts.data.name}, K={opts.max_staleness}")  # fmt: skip
+    report.plot(
+        loop.records,
+        opts.output_dir / report.PLOT,
+        f"rollfleet train: {opts.mode}, {opts.data.name}, K={opts.max_staleness}",
+    )
     return loop.records
 
 
@@ -303,8 +327,13 @@ class _Loop:
         await self._evaluate(start)
         existing = {b.batch_id for b in await self.coordinator.list_batches()}
         submitted = start
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), TextColumn("{task.fields[last]}"))  # fmt: skip
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[last]}"),
+        )
         with Progress(*columns, console=console, transient=False) as progress:
             bar = progress.add_task("training", total=opts.steps, completed=start, last="")
             for step in range(start, opts.steps):
@@ -326,17 +355,24 @@ class _Loop:
         n = self.opts.tasks_per_step
         chosen = [self.specs[(index * n + i) % len(self.specs)] for i in range(n)]
         await self.coordinator.submit_batch(
-            f"step-{index}", chosen, repeat_times=self.opts.group_size,
+            f"step-{index}",
+            chosen,
+            repeat_times=self.opts.group_size,
             max_staleness=self.opts.max_staleness,
-        )  # fmt: skip
+        )
 
     async def _push(self, version: int) -> float:
         """Send the policy to the engines as ``version``, report it; the seconds it took."""
         from rollfleet.train.policy import publish
 
         began = time.perf_counter()
-        await publish(self.policy.model, self.gateway, self.coordinator, version,
-                      base=self.gateway.weights_version)  # fmt: skip
+        await publish(
+            self.policy.model,
+            self.gateway,
+            self.coordinator,
+            version,
+            base=self.gateway.weights_version,
+        )
         return time.perf_counter() - began
 
     async def _step(self, step: int) -> dict[str, Any]:
@@ -366,9 +402,14 @@ class _Loop:
             "seconds/train": saved - trained,
         }
         ckpt = time.perf_counter()
-        checkpoint.save(self.opts.output_dir / "checkpoints", step, self.policy.model,
-                        self.policy.optimizer, self.records + [record],
-                        self.opts.fingerprint())  # fmt: skip
+        checkpoint.save(
+            self.opts.output_dir / "checkpoints",
+            step,
+            self.policy.model,
+            self.policy.optimizer,
+            self.records + [record],
+            self.opts.fingerprint(),
+        )
         record["seconds/checkpoint"] = time.perf_counter() - ckpt
         record["seconds/sync"] = await self._push(step + 1)
         record["seconds/step"] = time.perf_counter() - began
@@ -386,9 +427,13 @@ class _Loop:
         began = time.perf_counter()
         batch = f"eval-{version}"
         if batch not in {b.batch_id for b in await self.coordinator.list_batches()}:
-            await self.coordinator.submit_batch(batch, self.eval_specs, batch_type="eval",
-                                                repeat_times=self.opts.eval_samples,
-                                                priority=EVAL_PRIORITY)  # fmt: skip
+            await self.coordinator.submit_batch(
+                batch,
+                self.eval_specs,
+                batch_type="eval",
+                repeat_times=self.opts.eval_samples,
+                priority=EVAL_PRIORITY,
+            )
         result = await self.coordinator.finalize_eval_batch(batch)
         metrics, n = result.metrics, max(1, result.rollout_count)
         success = metrics.get("metric/correct/mean")

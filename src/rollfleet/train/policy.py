@@ -104,8 +104,9 @@ def grpo_step(
         share = batch.action_tokens / total
         with torch.no_grad():
             initial = None if reference is None else reference(batch)
-        new, spread = token_logprobs(model, batch, entropy=True,
-                                     entropy_grad=bool(options.entropy_coef))  # fmt: skip
+        new, spread = token_logprobs(
+            model, batch, entropy=True, entropy_grad=bool(options.entropy_coef)
+        )
         loss, stats = grpo_loss(new, batch, options, reference=initial, entropies=spread)
         (loss * share).backward()
         for key in sums:
@@ -116,10 +117,14 @@ def grpo_step(
     )
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return StepStats(**sums, kl_initial=kl if reference is not None else None,
-                     grad_norm=float(norm), action_tokens=total,
-                     seconds=time.perf_counter() - started,
-                     rows_dropped=len(experiences) - len(kept))  # fmt: skip
+    return StepStats(
+        **sums,
+        kl_initial=kl if reference is not None else None,
+        grad_norm=float(norm),
+        action_tokens=total,
+        seconds=time.perf_counter() - started,
+        rows_dropped=len(experiences) - len(kept),
+    )
 
 
 class Policy:
@@ -146,8 +151,12 @@ class Policy:
         if lora_rank is not None:
             from peft import LoraConfig, get_peft_model
 
-            config = LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, lora_dropout=0.0,
-                                target_modules=list(LORA_TARGETS))  # fmt: skip
+            config = LoraConfig(
+                r=lora_rank,
+                lora_alpha=2 * lora_rank,
+                lora_dropout=0.0,
+                target_modules=list(LORA_TARGETS),
+            )
             with warnings.catch_warnings():  # peft asks transformers 5 for a renamed property
                 warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is dep")
                 model = get_peft_model(model, config)
@@ -174,8 +183,13 @@ class Policy:
     def step(self, experiences: Sequence[Experience]) -> StepStats | None:
         """One GRPO optimizer step, with the KL to the initial policy (None: the loss options
         left nothing to train on, see :func:`grpo_step`)."""
-        return grpo_step(self.model, self.optimizer, experiences,
-                         reference=self._initial_logprobs, options=self.loss)  # fmt: skip
+        return grpo_step(
+            self.model,
+            self.optimizer,
+            experiences,
+            reference=self._initial_logprobs,
+            options=self.loss,
+        )
 
 
 def push_tensors(model: Any) -> tuple[dict[str, Any], bool]:
@@ -212,6 +226,12 @@ async def publish(
     from rollfleet.engines.weights import push_weights
 
     tensors, lora = push_tensors(model)
-    await push_weights(gateway, tensors.items(), version=version, token=token, delta=lora,
-                       base=base if lora else None)  # fmt: skip
+    await push_weights(
+        gateway,
+        tensors.items(),
+        version=version,
+        token=token,
+        delta=lora,
+        base=base if lora else None,
+    )
     await coordinator.set_policy_version(version)

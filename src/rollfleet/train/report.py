@@ -42,12 +42,23 @@ def plot(records: list[dict[str, Any]], path: Path, title: str) -> Path:
     evals = [r for r in records if r["kind"] == "eval"]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
     if steps:
-        ax.plot([r["step"] + 1 for r in steps], [r["reward/mean"] for r in steps], ".-",
-                alpha=0.6, label="train reward (batch mean)")  # fmt: skip
+        ax.plot(
+            [r["step"] + 1 for r in steps],
+            [r["reward/mean"] for r in steps],
+            ".-",
+            alpha=0.6,
+            label="train reward (batch mean)",
+        )
     if evals:
-        ax.errorbar([r["version"] for r in evals], [r["reward"] for r in evals],
-                    yerr=[r["stderr"] for r in evals], fmt="o-", capsize=3, color="C3",
-                    label="eval reward (greedy, ± s.e.)")  # fmt: skip
+        ax.errorbar(
+            [r["version"] for r in evals],
+            [r["reward"] for r in evals],
+            yerr=[r["stderr"] for r in evals],
+            fmt="o-",
+            capsize=3,
+            color="C3",
+            label="eval reward (greedy, ± s.e.)",
+        )
     ax.set_xlabel("training steps done (weights version)")
     ax.set_ylabel("reward")
     ax.set_ylim(-0.02, 1.02)
