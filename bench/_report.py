@@ -1,4 +1,4 @@
-"""Fill README.md's performance table from bench/results/*.json (``python -m bench._report``)."""
+"""Fill docs/performance.md's table from bench/results/*.json (``python -m bench._report``)."""
 
 from __future__ import annotations
 
@@ -88,12 +88,12 @@ def table() -> str:
 
 
 def main() -> None:
-    """Rewrite the table between the README's perf markers."""
-    readme = ROOT / "README.md"
-    text = readme.read_text()
+    """Rewrite the table between the perf markers of docs/performance.md."""
+    page = ROOT / "docs" / "performance.md"
+    text = page.read_text()
     block = f"{START}\n{table()}\n{END}"
     text = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _m: block, text, flags=re.S)
-    readme.write_text(text)
+    page.write_text(text)
     print(block)
 
 

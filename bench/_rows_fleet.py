@@ -283,7 +283,7 @@ def fleet_rows(d: dict[str, Any]) -> list[str]:
             f"connection each, {retry} a failed claim) on PostgreSQL, servers' connection "
             f"limit {limit:,}, median [range] of {one['rounds']} alternating rounds of "
             f"{d['seconds_per_point']:.0f} s, 2 cores shared by servers, PostgreSQL and clients "
-            f"([docs/scale.md](docs/scale.md)) | 2 replicas: {cell(two)} | 1 replica: {cell(one)} | "
+            f"([docs/scale.md](scale.md)) | 2 replicas: {cell(two)} | 1 replica: {cell(one)} | "
             f"{ratio:.2f}× |"
         )
     return rows
