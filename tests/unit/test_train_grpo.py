@@ -49,14 +49,16 @@ def test_token_logprobs_are_the_models_next_token_logprobs(model) -> None:
 
     from rollfleet.train.grpo import collate, token_logprobs
 
-    batch = collate([row([5, 6, 7, 8], 2, 1.0)])
+    batch = collate([row([5, 6, 7, 8, 9], 3, 1.0), row([5, 6, 7, 4], 2, -1.0)])
     got = token_logprobs(model, batch)
-    with torch.no_grad():
-        logits = model(input_ids=batch.input_ids).logits[0]
-    want = [0.0] + [
-        torch.log_softmax(logits[t - 1], -1)[batch.input_ids[0, t]].item() for t in range(1, 4)
-    ]
-    assert got[0].tolist() == pytest.approx(want, abs=1e-5)
+    for i, n in enumerate((5, 4)):
+        with torch.no_grad():
+            logits = model(input_ids=batch.input_ids[i : i + 1, :n]).logits[0]
+        # from the batch's first action token (row 1's position 2) on; the prompt's are not computed
+        want = [0.0, 0.0] + [
+            torch.log_softmax(logits[t - 1], -1)[batch.input_ids[i, t]].item() for t in range(2, n)
+        ]
+        assert got[i, :n].tolist() == pytest.approx(want, abs=1e-5)
 
 
 def test_on_policy_the_loss_is_minus_advantage_and_the_ratio_one(model) -> None:
@@ -120,8 +122,8 @@ class Fixed:
     def __init__(self, logits) -> None:  # type: ignore[no-untyped-def]
         self.logits = logits
 
-    def __call__(self, input_ids, attention_mask):  # type: ignore[no-untyped-def]
-        return SimpleNamespace(logits=self.logits)
+    def __call__(self, input_ids, attention_mask, logits_to_keep=0):  # type: ignore[no-untyped-def]
+        return SimpleNamespace(logits=self.logits[:, -logits_to_keep:])
 
 
 def bigram(vocab: int = 4):  # type: ignore[no-untyped-def]
@@ -135,8 +137,8 @@ def bigram(vocab: int = 4):  # type: ignore[no-untyped-def]
             super().__init__()
             self.table = torch.nn.Parameter(torch.zeros(vocab, vocab))
 
-        def forward(self, input_ids, attention_mask):  # type: ignore[no-untyped-def]
-            return SimpleNamespace(logits=self.table[input_ids])
+        def forward(self, input_ids, attention_mask, logits_to_keep=0):  # type: ignore[no-untyped-def]
+            return SimpleNamespace(logits=self.table[input_ids][:, -logits_to_keep:])
 
     return Bigram()
 
@@ -289,6 +291,38 @@ def test_grpo_step_adds_the_kl_and_entropy_terms_by_their_coefficients() -> None
     assert both.loss == pytest.approx(-1.0 / 3 + 0.5 * k3 - 0.1 * LOG4, abs=1e-6)
     with pytest.raises(InvalidInput, match="kl_coef needs the reference"):
         step(rows, kl_coef=0.5)
+
+
+def test_the_kl_figure_off_the_loss_costs_one_reference_pass_in_the_loss_every_row() -> None:
+    """Off the loss the initial policy's logprobs are taken for the first micro-batch only (a
+    figure); with kl_coef for every micro-batch. Rows go to micro-batches by length."""
+    require(HAVE, "torch")
+    import torch
+
+    rows = [sample([1] * n, (-1.0) ** n, reward=float(n % 2)) for n in (6, 2, 5, 3)]
+    seen: list[int] = []
+
+    def initial(batch):  # type: ignore[no-untyped-def]
+        seen.append(batch.input_ids.shape[1])
+        return torch.full(batch.input_ids.shape, -LOG4 - 0.5)
+
+    figure, _ = step(rows, reference=initial)
+    assert figure is not None and seen == [3]  # the shortest rows (2 and 3 tokens), once
+    assert figure.kl_initial == pytest.approx(math.exp(-0.5) + 0.5 - 1.0, abs=1e-6)
+    assert figure.padding == pytest.approx(2 / 18)  # [2, 3] padded to 3, [5, 6] to 6
+    seen.clear()
+    in_loss, _ = step(rows, reference=initial, kl_coef=0.1)
+    assert in_loss is not None and seen == [3, 6]
+    unsorted = collate_widths([rows[i] for i in (0, 1)], [rows[i] for i in (2, 3)])
+    assert unsorted == pytest.approx(6 / 22)  # what the same rows in their given order would pad
+
+
+def collate_widths(*chunks):  # type: ignore[no-untyped-def]
+    """The padding fraction of these micro-batches."""
+    from rollfleet.train.grpo import collate
+    from rollfleet.train.policy import padding_fraction
+
+    return padding_fraction([collate(c) for c in chunks])
 
 
 def test_dynamic_sampling_drops_uniform_groups_from_the_batch_and_its_denominator() -> None:

@@ -485,6 +485,7 @@ def _figures(stats: Any, rows: list[Experience]) -> dict[str, Any]:
         "clipped": stats.clipped if stats else 0.0,
         "grad_norm": stats.grad_norm if stats else 0.0,
         "rows_dropped": stats.rows_dropped if stats else 0,
+        "padding": stats.padding if stats else 0.0,
         "action_tokens": sum(sum(r.action_mask) for r in rows),
         "staleness": {str(k): staleness[k] for k in sorted(staleness)},
         "staleness/max": max(staleness, default=0),

@@ -162,23 +162,36 @@ def drop_uniform_groups(experiences: Sequence[Experience]) -> list[Experience]:
 def token_logprobs(
     model: Any, batch: TrainBatch, *, entropy: bool = False, entropy_grad: bool = False
 ) -> Any:
-    """``(rows, tokens)``: the model's logprob of each token given those before it (0 at 0),
-    under its logits divided by the row's sampling temperature; with ``entropy``,
+    """``(rows, tokens)``: the model's logprob of each token given those before it, under its
+    logits divided by the row's sampling temperature (0 before the batch's first action token:
+    the prompt's logits are never computed); with ``entropy``,
     ``(logprobs, entropies)``: the entropy of each such next-token distribution too (with a
     gradient only under ``entropy_grad``)."""
     import torch
 
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    start = first_action(batch) - 1  # the position whose logits predict the first action token
+    width = batch.input_ids.shape[1]
+    logits = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        logits_to_keep=width - start,  # the vocabulary head only where a token is trained
+    ).logits
     temperatures = batch.temperatures.to(logits.device, torch.float32)[:, None, None]
     logp = torch.log_softmax(logits[:, :-1].float() / temperatures, dim=-1)
-    picked = logp.gather(-1, batch.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    picked = torch.nn.functional.pad(picked, (1, 0))
+    picked = logp.gather(-1, batch.input_ids[:, start + 1 :].unsqueeze(-1)).squeeze(-1)
+    picked = torch.nn.functional.pad(picked, (start + 1, 0))
     if not entropy:
         return picked
     grad: AbstractContextManager[Any] = nullcontext() if entropy_grad else torch.no_grad()
     with grad:
         spread = -(logp.exp() * logp).sum(-1)
-    return picked, torch.nn.functional.pad(spread, (1, 0))
+    return picked, torch.nn.functional.pad(spread, (start + 1, 0))
+
+
+def first_action(batch: TrainBatch) -> int:
+    """The first position any row of ``batch`` trains (1 when none does)."""
+    trained = batch.action_mask.sum(0).nonzero()
+    return max(1, int(trained[0].item())) if len(trained) else 1
 
 
 def masked_mean(values: Any, mask: Any) -> float:

@@ -55,11 +55,13 @@ class StepStats:
     clipped: float
     approx_kl: float
     entropy: float  # mean entropy of the policy's next-token distribution on action tokens
-    kl_initial: float | None  # k3 estimate of KL(policy || initial policy) on action tokens
+    kl_initial: float | None  # k3 KL(policy || initial) per action token: every row's when the
+    # KL is in the loss, else the first micro-batch's (its shortest rows); None without reference
     grad_norm: float
     action_tokens: int
     seconds: float
     rows_dropped: int = 0  # rows dynamic sampling left out (their group all scored alike)
+    padding: float = 0.0  # share of the micro-batches' token slots that were padding
 
 
 def grpo_step(
@@ -87,6 +89,7 @@ def grpo_step(
         raise InvalidInput("grpo_step: kl_coef needs the reference policy (the initial one)")
     started = time.perf_counter()
     kept = drop_uniform_groups(experiences) if options.dynamic_sampling else list(experiences)
+    kept.sort(key=lambda e: len(e.tokens))  # rows of like length share a micro-batch: less padding
     chunks = [
         collate(kept[i : i + micro_batch], pad_id, mask_truncated=options.mask_truncated)
         for i in range(0, len(kept), micro_batch)
@@ -100,10 +103,17 @@ def grpo_step(
     optimizer.zero_grad(set_to_none=True)
     sums = dict.fromkeys(("loss", "ratio_mean", "clipped", "approx_kl", "entropy"), 0.0)
     kl = 0.0
+    measured = 0  # action tokens the KL to the initial policy was measured on
     for batch in [c for c in chunks if c.action_tokens]:
         share = batch.action_tokens / total
+        # Off the loss, the KL to the initial policy is a figure: the first micro-batch's will do
+        # (the reference's forward pass cost a third of a step when taken on every row).
         with torch.no_grad():
-            initial = None if reference is None else reference(batch)
+            initial = (
+                reference(batch)
+                if reference is not None and (options.kl_coef or not measured)
+                else None
+            )
         new, spread = token_logprobs(
             model, batch, entropy=True, entropy_grad=bool(options.entropy_coef)
         )
@@ -111,7 +121,9 @@ def grpo_step(
         (loss * share).backward()
         for key in sums:
             sums[key] += (getattr(stats, key) or 0.0) * share
-        kl += (stats.kl_initial or 0.0) * share
+        if stats.kl_initial is not None:
+            kl += stats.kl_initial * batch.action_tokens
+            measured += batch.action_tokens
     norm = torch.nn.utils.clip_grad_norm_(
         [p for p in model.parameters() if p.requires_grad], max_grad_norm
     )
@@ -119,12 +131,19 @@ def grpo_step(
     optimizer.zero_grad(set_to_none=True)
     return StepStats(
         **sums,
-        kl_initial=kl if reference is not None else None,
+        kl_initial=kl / measured if measured else None,
         grad_norm=float(norm),
         action_tokens=total,
         seconds=time.perf_counter() - started,
         rows_dropped=len(experiences) - len(kept),
+        padding=padding_fraction(chunks),
     )
+
+
+def padding_fraction(chunks: Sequence[TrainBatch]) -> float:
+    """The share of the micro-batches' token slots that are padding."""
+    slots = sum(c.attention_mask.numel() for c in chunks)
+    return 1.0 - sum(int(c.attention_mask.sum()) for c in chunks) / slots if slots else 0.0
 
 
 class Policy:
