@@ -11,7 +11,6 @@ from rollfleet.envs.py import extract_code
 from rollfleet.envs.rag import rag_reward
 from rollfleet.envs.web import web_reward
 from rollfleet.errors import InvalidInput
-from rollfleet.pool.providers.judge import plan
 
 
 @pytest.mark.parametrize(
@@ -114,15 +113,3 @@ def test_py_code_extraction_and_test_module() -> None:
     )
     assert extract_code(answer) == "def g():\n    return 2\n"
     assert extract_code("def h(): pass") == "def h(): pass"
-
-
-def test_judge_plan_asks_only_for_what_is_not_a_literal() -> None:
-    import ast
-
-    assert plan("g(1) == 2") == ([("ask", "g(1)"), ("literal", 2)], [ast.Eq], False)
-    assert plan("not 0 < g('x') <= (1, 2)") == (
-        [("literal", 0), ("ask", "g('x')"), ("literal", (1, 2))],
-        [ast.Lt, ast.LtE],
-        True,
-    )
-    assert plan("is_even(4)") == ([("ask", "is_even(4)")], [], False)

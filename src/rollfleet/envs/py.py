@@ -1,13 +1,15 @@
 """``py``: write a Python function; the reward runs the task's tests in the pool's sandbox.
 
 Task: ``{"prompt": str, "entry_point": str, "tests": [str, ...]}`` where each test is a
-Python boolean expression over the function (``"add(2, 3) == 5"``). Tasks are untrusted input:
-a test expression is never evaluated outside the sandbox (here it is only compiled, to name a
-bad line early). The solution is the last fenced code block of the final answer (or the whole
-answer); :meth:`Sandbox.run_tests` scores it with the sandbox's judge, which evaluates the
-function calls in a process of their own and compares with the expected values itself, so
-the solution can neither see the expected values nor forge a pass. Write tests as
-``call == expected`` (a bare ``call`` passes on any truthy value).
+boolean expression over the function (``"add(2, 3) == 5"``, ``"abs(area(2) - 12.57) < 0.01"``)
+of the judge's grammar (:func:`~rollfleet.pool.providers.judge.check_test`: the solution's
+functions are called with literal arguments; arithmetic, comparisons, a few builtins and
+``math`` around them). Tasks are untrusted input: a test is only parsed here, and a test outside
+the grammar is refused by line and field when the task file is read. The solution is the last
+fenced code block of the final answer (or the whole answer); :meth:`Sandbox.run_tests` scores it
+with the sandbox's judge, which has the solution answer its calls in a process of their own and
+computes the rest itself, so the solution can neither see the expected values nor forge a pass.
+Write tests as ``call == expected`` (a bare ``call`` passes on any truthy value).
 Reward: the fraction of tests that passed. A sandbox that fails raises SandboxError (an
 infrastructure failure: the attempt is retried, never scored). Tool: ``run_python``.
 """
@@ -19,6 +21,7 @@ from typing import Any
 
 from rollfleet.envs.base import Score, Tool, handle_of, require_fields
 from rollfleet.errors import InvalidInput, PoolError
+from rollfleet.pool.providers.judge import check_test
 from rollfleet.pool.providers.sandbox import Sandbox
 
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
@@ -103,11 +106,14 @@ class PyMode:
                     f"{MAX_TEST_CHARS}"
                 )
             try:
-                compile(expr, f"tests.{i}", "eval")
-            except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+                check_test(expr)
+            except SyntaxError as exc:
                 raise InvalidInput(
-                    f"{where}: field 'tests.{i}' is not a Python expression: "
-                    f"{getattr(exc, 'msg', exc)}"
+                    f"{where}: field 'tests.{i}' is not a Python expression: {exc.msg}"
+                ) from None
+            except (ValueError, RecursionError, MemoryError) as exc:
+                raise InvalidInput(
+                    f"{where}: field 'tests.{i}' is outside the tests the judge computes: {exc}"
                 ) from None
 
     def system_prompt(self, task: dict[str, Any]) -> str:

@@ -317,8 +317,9 @@ class Sandbox:
     ) -> TestReport:
         """Score ``solution`` (written as ``module``.py) against boolean test expressions.
 
-        The judge runs in the sandbox; SandboxError when it does not report (the sandbox failed,
-        not the solution).
+        The judge runs in the sandbox. SandboxError when it never started (the sandbox failed,
+        not the solution); once it started, a test it could not report on failed (whatever
+        stopped the judge, the solution ran by then).
         """
         self.write_files({f"{module}.py": solution})
         request = json.dumps({"tests": list(tests), "module": module, "test_s": self.limits.test_s})
@@ -327,20 +328,20 @@ class Sandbox:
             stdin=request,
             timeout_s=len(tests) * self.limits.test_s + self.limits.wall_s,
         )
-        try:
-            report = json.loads(result.stdout) if result.ok else {}
-            verdicts = [(bool(r["ok"]), str(r["why"])) for r in report["results"]]
-        except (ValueError, TypeError, KeyError):
-            verdicts = []
-        if len(verdicts) != len(tests):  # no report, a garbled one, or one for other tests
+        started, verdicts, import_error = read_report(result.stdout, len(tests))
+        if not started:
             raise SandboxError(
-                f"sandbox {self.path}: the test judge did not report (exit {result.exit_code}, "
+                f"sandbox {self.path}: the test judge did not start (exit {result.exit_code}, "
                 f"timed out {result.timed_out}): {result.stderr[-300:].strip()}"
             )
+        stopped = (
+            f"the judge was stopped while the solution ran (exit {result.exit_code},"
+            f" timed out {result.timed_out})"
+        )
         return TestReport(
-            passed=[ok for ok, _ in verdicts],
-            why=[why for _, why in verdicts],
-            import_error=report.get("import_error"),
+            passed=[bool(verdicts.get(i, (False, ""))[0]) for i in range(len(tests))],
+            why=[verdicts.get(i, (False, stopped))[1] for i in range(len(tests))],
+            import_error=import_error,
             result=result,
         )
 
@@ -358,6 +359,27 @@ class Sandbox:
         self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
         if self.isolated:
             prepare_workdir(self.path)
+
+
+def read_report(stdout: str, tests: int) -> tuple[bool, dict[int, tuple[bool, str]], str | None]:
+    """``(started, {test: (ok, why)}, import_error)`` from the judge's report lines; a line that
+    does not parse ends the report (what follows it is not the judge's)."""
+    started, verdicts, import_error = False, {}, None
+    for line in stdout.splitlines():
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            break
+        if not isinstance(record, dict):
+            break
+        if "started" in record:
+            started = record["started"] == tests
+        elif started and isinstance(record.get("test"), int) and 0 <= record["test"] < tests:
+            verdicts[record["test"]] = (record.get("ok") is True, str(record.get("why", ""))[:500])
+        elif started and "import_error" in record:
+            error = record["import_error"]
+            import_error = None if error is None else str(error)[:500]
+    return started, verdicts, import_error
 
 
 class SandboxProvider:
