@@ -112,6 +112,10 @@ async def test_gateway_images_stream_from_the_vision_replica(mixed) -> None:
             f"messages[0].content[{MAX_IMAGES + 1}]: more than {MAX_IMAGES} images",
         ),
         (
+            [image_part(png(1)[:16] + (20000).to_bytes(4, "big") * 2 + png(1)[24:])],
+            "messages[0].content[1]: the image is 20000x20000 pixels",  # a bomb, never decoded
+        ),
+        (
             [image_part(png(1)[:60])],  # a PNG cut short: its header passes, Pillow cannot decode
             "messages[0].content[1]: the image/png image cannot be decoded",
         ),

@@ -1,15 +1,16 @@
 """Images in chat requests: OpenAI ``image_url`` parts carrying data URLs, checked and decoded.
 
-A chat message's content may be a list of parts; an image part is
-``{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}`` (PNG, JPEG, WebP
-or GIF). :func:`request_images` decodes every such part of a conversation once, checks its
-format by its first bytes (the declared type must match) and the caps (:data:`MAX_IMAGE_BYTES`
-decoded per image, :data:`MAX_IMAGES` per request), and returns :class:`ImageInput` records
-named by their SHA-256. Anything else is an :class:`ImageRefused` (HTTP 400) naming the message
-and the part. URLs that are not data URLs (``http:``, ``https:``, ``file:``) are refused: the
-control plane never fetches a URL or reads a file on a caller's behalf. The one reference taken
-is to an image the store holds already, ``rollfleet-blob:<sha256>`` (:func:`resolve_references`,
-for the gateway of ``rollfleet serve``).
+A chat message's content may be a list of parts; an image part is ``{"type": "image_url",
+"image_url": {"url": "data:image/png;base64,..."}}`` (PNG, JPEG, WebP or GIF).
+:func:`request_images` decodes every such part of a conversation once, checks its format by its
+first bytes (the declared type must match) and the caps (:data:`MAX_IMAGE_BYTES` decoded per image,
+:data:`MAX_IMAGES` per request, and pixels read from the header before any decoding:
+:data:`MAX_IMAGE_PIXELS` per image, :data:`MAX_REQUEST_PIXELS` per request), and returns
+:class:`ImageInput` records named by their SHA-256. Anything else is an :class:`ImageRefused` (HTTP
+400) naming the message and the part. URLs that are not data URLs (``http:``, ``https:``, ``file:``)
+are refused: the control plane never fetches a URL or reads a file on a caller's behalf. The one
+reference taken is to an image the store holds already, ``rollfleet-blob:<sha256>``
+(:func:`resolve_references`, for the gateway of ``rollfleet serve``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ MAX_IMAGE_BYTES = 10 * 1024 * 1024
 """The largest image accepted, decoded (10 MiB)."""
 MAX_IMAGES = 32
 """The most images one request may hold (the whole conversation, every turn's)."""
+MAX_IMAGE_PIXELS = 4096 * 4096
+"""The most pixels one image may have, read from its header before anything decodes it (a
+few KB of PNG can claim 20000 x 20000: decoded, gigabytes)."""
+MAX_REQUEST_PIXELS = 2 * MAX_IMAGE_PIXELS
+"""The most pixels all the images of one request may have together."""
 FORMATS = {"image/png": "png", "image/jpeg": "jpeg", "image/webp": "webp", "image/gif": "gif"}
 _DATA_URL = re.compile(r"data:(?P<mime>[\w.+/-]+)?(?P<params>(;[^,;]*)*?);base64,", re.I)
 
@@ -50,6 +56,7 @@ class ImageInput:
     data: bytes = field(repr=False)
     message: int
     part: int
+    size: tuple[int, int] = (0, 0)  # (width, height), from the header
 
     @property
     def where(self) -> str:
@@ -66,7 +73,7 @@ class ImageInput:
             with Image.open(io.BytesIO(self.data)) as image:
                 image.load()
                 return image.convert("RGB")
-        except (UnidentifiedImageError, OSError, ValueError) as exc:
+        except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
             raise ImageRefused(
                 f"{self.where}: the {self.mime} image cannot be decoded: {exc}"
             ) from exc
@@ -133,7 +140,67 @@ def decode_part(part: dict[str, Any], message: int, index: int) -> ImageInput:
         raise ImageRefused(
             f"{where}: declared {mime} but the bytes are {found or 'not a known image format'}"
         )
-    return ImageInput(hashlib.sha256(data).hexdigest(), mime, data, message, index)
+    size = image_size(data, mime)
+    if size is None:
+        raise ImageRefused(f"{where}: the {mime} image's size cannot be read from its header")
+    if size[0] * size[1] > MAX_IMAGE_PIXELS:
+        raise ImageRefused(
+            f"{where}: the image is {size[0]}x{size[1]} pixels, over {MAX_IMAGE_PIXELS}"
+        )
+    return ImageInput(hashlib.sha256(data).hexdigest(), mime, data, message, index, size)
+
+
+def image_size(data: bytes, mime: str) -> tuple[int, int] | None:
+    """``(width, height)`` from an image's header, without decoding it (None: unreadable)."""
+    if mime == "image/png" and data[12:16] == b"IHDR" and len(data) >= 24:
+        return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    if mime == "image/gif" and len(data) >= 10:
+        return int.from_bytes(data[6:8], "little"), int.from_bytes(data[8:10], "little")
+    if mime == "image/webp":
+        return _webp_size(data)
+    if mime == "image/jpeg":
+        return _jpeg_size(data)
+    return None
+
+
+def _webp_size(data: bytes) -> tuple[int, int] | None:
+    """A WebP's canvas from its first chunk (lossy VP8, lossless VP8L or extended VP8X)."""
+    chunk = data[12:16]
+    if chunk == b"VP8 " and len(data) >= 30:
+        return (
+            int.from_bytes(data[26:28], "little") & 0x3FFF,
+            int.from_bytes(data[28:30], "little") & 0x3FFF,
+        )
+    if chunk == b"VP8L" and len(data) >= 25:
+        bits = int.from_bytes(data[21:25], "little")
+        return 1 + (bits & 0x3FFF), 1 + ((bits >> 14) & 0x3FFF)
+    if chunk == b"VP8X" and len(data) >= 30:
+        return 1 + int.from_bytes(data[24:27], "little"), 1 + int.from_bytes(data[27:30], "little")
+    return None
+
+
+_JPEG_FRAMES = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # SOF0..SOF15, not DHT/JPG/DAC
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """A JPEG's size from its first start-of-frame segment."""
+    i = 2
+    while i + 4 <= len(data):
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in _JPEG_FRAMES and i + 9 <= len(data):
+            return int.from_bytes(data[i + 7 : i + 9], "big"), int.from_bytes(
+                data[i + 5 : i + 7], "big"
+            )
+        if marker == 0x01 or 0xD0 <= marker <= 0xD9:  # no length
+            i += 2
+            continue
+        i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
+    return None
 
 
 def request_images(messages: list[dict[str, Any]] | None) -> tuple[ImageInput, ...]:
@@ -151,6 +218,12 @@ def request_images(messages: list[dict[str, Any]] | None) -> tuple[ImageInput, .
                     f"messages[{m}].content[{p}]: more than {MAX_IMAGES} images in one request"
                 )
             found.append(decode_part(part, m, p))
+            pixels = sum(i.size[0] * i.size[1] for i in found)
+            if pixels > MAX_REQUEST_PIXELS:
+                raise ImageRefused(
+                    f"messages[{m}].content[{p}]: the request's images hold {pixels} pixels"
+                    f" up to here, over {MAX_REQUEST_PIXELS}"
+                )
     return tuple(found)
 
 
