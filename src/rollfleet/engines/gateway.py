@@ -183,6 +183,7 @@ class Gateway:
         self._flights: dict[str, _Flight] = {}
         self._ids = itertools.count(1)
         self._updating = asyncio.Lock()
+        self.receiving = asyncio.Lock()  # held while a push over HTTP is read: one at a time
         self.priors = Priors()
 
     # -- replicas ----------------------------------------------------------------------

@@ -365,10 +365,12 @@ def gateway_router(
     async def weights(version: int, request: Request) -> Response:
         """Install new weights on every replica: the body is a push (rollfleet.engines.weights),
         or the header X-Rollfleet-Weights-File names one a client on this host wrote to shared
-        memory; applied once it has all arrived intact; 409 for a version that is not newer.
-        X-Rollfleet-Weights-Delta: 1 with X-Rollfleet-Weights-Base: N sends only some tensors,
-        computed against version N: 409 unless every replica serves N."""
-        from rollfleet.engines.weights_wire import FILE_HEADER, decode, delta_base, mapped_push_file
+        memory; applied once it has all arrived intact; 409 for a version that is not newer, or
+        while another push is being received; 422 for one more than 1000 ahead unless
+        X-Rollfleet-Weights-Jump: 1. X-Rollfleet-Weights-Delta: 1 with X-Rollfleet-Weights-Base:
+        N sends only some tensors, computed against version N: 409 unless every replica serves
+        N."""
+        from rollfleet.engines.weights_wire import JUMP_HEADER, MAX_STEP
 
         try:
             if not 0 < version < 2**63:
@@ -377,23 +379,40 @@ def gateway_router(
                 raise Conflict(
                     f"weights version {version} is not newer than {gateway.weights_version}"
                 )
-            base = delta_base(request.headers)
-            if base is not None and gateway.weights_version != base:  # checked again at install
-                raise Conflict(
-                    f"weights delta computed against version {base}, but the gateway serves"
-                    f" {gateway.weights_version}"
+            if (
+                version - gateway.weights_version > MAX_STEP
+                and request.headers.get(JUMP_HEADER) != "1"
+            ):  # a version far ahead would block every later push
+                raise InvalidInput(
+                    f"weights version {version} is more than {MAX_STEP} past"
+                    f" {gateway.weights_version}; send {JUMP_HEADER}: 1 to jump there"
                 )
-            path = request.headers.get(FILE_HEADER)
-            if path is None:  # the push is the body
-                tensors = await decode(request.stream())
-                answer = await gateway.update_weights(tensors, version, base=base)
-            else:  # a client on this host wrote it to shared memory
-                with mapped_push_file(path) as view:
-                    tensors = await decode(view)
-                    answer = await gateway.update_weights(tensors, version, base=base)
-                    del tensors  # before the mapping closes
+            if gateway.receiving.locked():  # one push in memory at a time
+                raise Conflict("another weights push is being received; send again after it")
+            async with gateway.receiving:
+                return await _receive(version, request)
         except RollfleetError as exc:
             return _error(exc)
+
+    async def _receive(version: int, request: Request) -> Response:
+        """Read one push (body or push file) and install it (RollfleetError when refused)."""
+        from rollfleet.engines.weights_wire import FILE_HEADER, decode, delta_base, mapped_push_file
+
+        base = delta_base(request.headers)
+        if base is not None and gateway.weights_version != base:  # checked again at install
+            raise Conflict(
+                f"weights delta computed against version {base}, but the gateway serves"
+                f" {gateway.weights_version}"
+            )
+        path = request.headers.get(FILE_HEADER)
+        if path is None:  # the push is the body
+            tensors = await decode(request.stream())
+            answer = await gateway.update_weights(tensors, version, base=base)
+        else:  # a client on this host wrote it to shared memory
+            with mapped_push_file(path) as view:
+                tensors = await decode(view)
+                answer = await gateway.update_weights(tensors, version, base=base)
+                del tensors  # before the mapping closes
         return Response(orjson.dumps(answer), media_type="application/json")
 
     @router.get("/v1/rollfleet/replicas")

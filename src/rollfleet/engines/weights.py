@@ -21,6 +21,7 @@ from rollfleet.engines.weights_wire import (
     BASE_HEADER,
     DELTA_HEADER,
     FILE_HEADER,
+    JUMP_HEADER,
     MAGIC,
     PUSH_BUCKET_BYTES,
     decode,
@@ -100,6 +101,7 @@ async def push_weights(
     transport: str = "auto",
     delta: bool = False,
     base: int | None = None,
+    jump: bool = False,
 ) -> dict[str, Any]:
     """Send named tensors as weights ``version`` to a gateway: a :class:`Gateway` in this
     process, or its URL. To a URL on this host (``transport="auto"``, or ``"file"``) the push
@@ -110,7 +112,8 @@ async def push_weights(
 
     A full push names every weight. ``delta=True`` sends only some (:func:`changed` finds them),
     computed against weights version ``base`` (required): the rest keep their values, and the
-    gateway refuses with Conflict unless every replica serves ``base``."""
+    gateway refuses with Conflict unless every replica serves ``base``. A gateway over HTTP
+    refuses a version more than 1000 past the one it serves unless ``jump``."""
     from rollfleet.engines.gateway import Gateway
 
     if delta != (base is not None):
@@ -120,6 +123,8 @@ async def push_weights(
     if isinstance(target, Gateway):
         return await target.update_weights(named, version, base=base)
     headers = {} if base is None else {DELTA_HEADER: "1", BASE_HEADER: str(base)}
+    if jump:
+        headers[JUMP_HEADER] = "1"
     host = urlsplit(str(target)).hostname
     if transport == "file" or (transport == "auto" and host in ("127.0.0.1", "localhost", "::1")):
         return await _push_file(str(target), named, version, token, bucket_bytes, headers)

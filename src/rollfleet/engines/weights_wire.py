@@ -52,6 +52,8 @@ MAX_TOTAL = 256 << 30  # bytes of one push
 PUSH_BUCKET_BYTES = 64 << 20  # small enough to checksum while the next one is on the wire
 FILE_HEADER = "x-rollfleet-weights-file"
 DELTA_HEADER = "x-rollfleet-weights-delta"
+JUMP_HEADER = "x-rollfleet-weights-jump"  # "1": the version may advance by more than MAX_STEP
+MAX_STEP = 1000  # how far one push may move the version without JUMP_HEADER
 BASE_HEADER = "x-rollfleet-weights-base"
 FILE_NAME = re.compile(r"rollfleet-weights-[0-9a-f]{32}\.rfw")
 DTYPES = {
@@ -181,11 +183,10 @@ class _Reader:
         self.total = 0
 
     async def take(self, n: int) -> bytearray | memoryview:
-        """The next ``n`` bytes, in a buffer of their own; InvalidInput if the stream ends first."""
-        out = bytearray(n)
-        target = memoryview(out)
-        filled = 0
-        while filled < n:
+        """The next ``n`` bytes, in a buffer of their own that grows as they arrive (a header
+        claiming 4 GiB costs nothing until 4 GiB came); InvalidInput if the stream ends first."""
+        out = bytearray()
+        while len(out) < n:
             if not self.buffer:
                 chunk = await anext(self.chunks, None)
                 if chunk is None:
@@ -194,10 +195,9 @@ class _Reader:
                 if self.total > MAX_TOTAL + MAX_HEADER:
                     raise InvalidInput(f"weights: a push is at most {MAX_TOTAL} bytes")
                 self.buffer += chunk
-            step = min(len(self.buffer), n - filled)
-            target[filled : filled + step] = self.buffer[:step]
+            step = min(len(self.buffer), n - len(out))
+            out += memoryview(self.buffer)[:step]
             del self.buffer[:step]
-            filled += step
         return out
 
     async def at_end(self) -> bool:
@@ -343,7 +343,8 @@ def mapped_push_file(path: str) -> Iterator[memoryview]:
     if os.path.dirname(path) != push_dir() or not FILE_NAME.fullmatch(name):
         raise InvalidInput(f"weights: {path!r} is not a push file in {push_dir()}")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        # never blocks: a FIFO named like a push file opens at once, and is refused below
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
         raise InvalidInput(f"weights: cannot open {path!r}: {exc.strerror}") from exc
     try:
