@@ -8,6 +8,7 @@ A line with an ``input`` key is a full rollout spec (``input``, ``mode``, ``roll
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,23 +26,46 @@ def read_records(path: Path) -> Iterator[tuple[int, Any]]:
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidInput(f"{path}: cannot read: {exc}") from None
     if path.suffix == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InvalidInput(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+        data = decode_json(text, str(path), whole_file=True)
         if not isinstance(data, list):
             raise InvalidInput(f"{path}: a .json task file must hold a list of objects")
         yield from ((i + 1, item) for i, item in enumerate(data))
         return
     for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            yield lineno, json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InvalidInput(
-                f"{path}:{lineno}: not valid JSON: {exc.msg} (column {exc.colno})"
-            ) from None
+        if line.strip():
+            yield lineno, decode_json(line, f"{path}:{lineno}")
+
+
+def decode_json(text: str, where: str, *, whole_file: bool = False) -> Any:
+    """``text`` as JSON, or InvalidInput naming ``where`` (file:line; a ``whole_file`` adds the
+    line) and the fault: not JSON, nested too deep, an integer too long, NaN or Infinity, a lone
+    surrogate."""
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+        json.dumps(value, ensure_ascii=False).encode("utf-8")  # a lone surrogate cannot
+    except json.JSONDecodeError as exc:
+        at = f"{where}:{exc.lineno}" if whole_file else where
+        raise InvalidInput(f"{at}: not valid JSON: {exc.msg} (column {exc.colno})") from None
+    except RecursionError:
+        raise InvalidInput(f"{where}: the JSON is nested too deep") from None
+    except UnicodeEncodeError:
+        raise InvalidInput(
+            f"{where}: a string holds a lone surrogate (not valid Unicode)"
+        ) from None
+    except ValueError as exc:  # an integer over Python's digit limit, or NaN / Infinity
+        raise InvalidInput(f"{where}: {str(exc).split('; ')[0]}") from None
+    return value
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is beyond a float's range")
+    return value
 
 
 def _field_error(exc: ValidationError) -> str:

@@ -39,7 +39,7 @@ from rollfleet.envs import (
 )
 from rollfleet.errors import AgentError, InvalidInput, RollfleetError
 from rollfleet.model import ACTIVE_ROLLOUT, TERMINAL_ROLLOUT, Rollout, RolloutStatus
-from rollfleet.run.outputs import summarize, trajectory, write_outputs
+from rollfleet.run.outputs import claim_output_dir, summarize, trajectory, write_outputs
 from rollfleet.run.progress import RunProgress
 from rollfleet.run.tasks import build_specs, load_tasks, run_key
 from rollfleet.runner.local import LocalFleet
@@ -209,7 +209,7 @@ async def run(opts: RunOptions, console: Console) -> dict[str, Any]:
         samples=opts.samples_per_task,
         settings=opts.settings(),
     )
-    opts.output_dir.mkdir(parents=True, exist_ok=True)
+    claim_output_dir(opts.output_dir, "run")
     async with control_plane_url(opts) as url:
         startup.mark("store")
         store = connect(url, token=opts.token)

@@ -1,4 +1,5 @@
-"""What a run writes: ``trajectories.jsonl`` (one line per rollout) and ``summary.json``."""
+"""What a run writes: ``trajectories.jsonl`` (one line per rollout) and ``summary.json``, in an
+output directory the command claims (:func:`claim_output_dir`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rollfleet.errors import failure_kind
+from rollfleet.errors import InvalidInput, failure_kind
 from rollfleet.model import Rollout, RolloutStatus, Step
 from rollfleet.stats import pass_at_k, percentile
 
@@ -130,3 +131,33 @@ def _atomic(path: Path, text: str) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
+
+
+OWNER = ".rollfleet-output"  # names the command whose outputs the directory holds
+
+
+def claim_output_dir(path: Path, command: str) -> None:
+    """Create ``path`` for ``command`` (``run``, ``train``), or take it again for the same
+    command (a resume); InvalidInput, with nothing written, when it holds files rollfleet did not
+    write there, or another command's (an unrelated ``store.db`` would get our tables)."""
+    owner = path / OWNER
+    if owner.is_file():
+        claimed = owner.read_text(encoding="utf-8", errors="replace").strip()
+        if claimed != command:
+            raise InvalidInput(
+                f"--output-dir {path}: holds the outputs of rollfleet {claimed[:40]!r}, not of"
+                f" rollfleet {command}; use another directory"
+            )
+        return
+    if path.exists():
+        if not path.is_dir():
+            raise InvalidInput(f"--output-dir {path}: exists and is not a directory")
+        found = sorted(p.name for p in path.iterdir())
+        if found:
+            raise InvalidInput(
+                f"--output-dir {path}: holds {', '.join(found[:3])}"
+                f"{' ...' if len(found) > 3 else ''}, which rollfleet did not write; use an empty"
+                " or new directory"
+            )
+    path.mkdir(parents=True, exist_ok=True)
+    owner.write_text(command + "\n", encoding="utf-8")

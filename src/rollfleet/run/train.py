@@ -48,6 +48,7 @@ from rollfleet.run.orchestrate import (
     runner_fleet,
     shared_llm,
 )
+from rollfleet.run.outputs import claim_output_dir
 from rollfleet.run.tasks import build_specs, load_tasks
 from rollfleet.train import checkpoint, report
 
@@ -193,7 +194,7 @@ async def train(opts: TrainOptions, console: Console) -> list[dict[str, Any]]:
         if evals
         else []
     )
-    opts.output_dir.mkdir(parents=True, exist_ok=True)
+    claim_output_dir(opts.output_dir, "train")
     torch.manual_seed(opts.seed)
     policy = Policy(load_policy()[0], lr=opts.lr, lora_rank=opts.lora_rank, loss=opts.loss())
     found = checkpoint.load(

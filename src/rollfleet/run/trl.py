@@ -28,6 +28,7 @@ from rollfleet.run.orchestrate import (
     RunOptions,
     preflight,
 )
+from rollfleet.run.outputs import claim_output_dir
 from rollfleet.run.train import TrainOptions, embedded_fleet
 from rollfleet.run.trl_rollout import (
     FleetRollout,
@@ -68,7 +69,7 @@ def trl_fleet(opts: TrainOptions, console: Console) -> Iterator[FleetRollout]:
     preflight(run)
     tasks = fleet_tasks(opts.data, opts.mode, max_tokens=opts.max_tokens,
                         temperature=opts.temperature)  # fmt: skip
-    opts.output_dir.mkdir(parents=True, exist_ok=True)
+    claim_output_dir(opts.output_dir, "train")
     thread = LoopThread()
     up: Future[tuple[str, Any]] = Future()
     stop = asyncio.Event()

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rollfleet.errors import InvalidInput
+from rollfleet.taskfile import decode_json
 
 LATEST = "latest"
 
@@ -71,25 +73,42 @@ def save(
 
 
 def latest(root: Path) -> Path | None:
-    """The newest complete checkpoint's directory, or None when there is none."""
+    """The newest complete checkpoint's directory, or None when ``root`` holds none at all.
+
+    InvalidInput, never a silent restart, when it holds something else: a ``latest`` that names
+    anything but a complete ``step-N`` beside it, or checkpoints without a ``latest``."""
     pointer = root / LATEST
-    if not pointer.is_file():
+    if not pointer.exists():
+        found = sorted(p.name for p in root.glob("step-*"))
+        if found:
+            raise InvalidInput(
+                f"{pointer}: missing, but {root} holds {', '.join(found[:3])}; restore it (its"
+                " one line names the checkpoint to resume) or use another --output-dir"
+            )
         return None
-    found = root / pointer.read_text().strip()
-    return found if (found / "meta.json").is_file() else None
+    try:
+        name = pointer.read_text(encoding="utf-8").strip() if pointer.is_file() else None
+    except (OSError, UnicodeDecodeError):
+        name = None
+    if name is None or not _STEP.fullmatch(name):
+        raise InvalidInput(
+            f"{pointer}: must name a checkpoint as step-N inside {root}, not {name!r}"
+        )
+    where = root / name
+    if not (where / "meta.json").is_file():
+        raise InvalidInput(f"{pointer}: names {name}, which is not a complete checkpoint")
+    return where
 
 
 def load(root: Path, model: Any, optimizer: Any, fingerprint: dict[str, Any]) -> Checkpoint | None:
     """Restore the latest checkpoint into ``model`` and ``optimizer``; None when there is none.
 
-    InvalidInput when it was written by a run with other settings (named): resuming it would mix
-    two runs."""
-    import torch
-
+    InvalidInput naming the file when it is corrupt, or written by a run with other settings
+    (named): resuming it would mix two runs."""
     where = latest(root)
     if where is None:
         return None
-    meta = json.loads((where / "meta.json").read_text())
+    meta = _meta(where / "meta.json")
     differ = [
         f"{key} {meta['fingerprint'].get(key)!r} (now {value!r})"
         for key, value in fingerprint.items()
@@ -100,10 +119,58 @@ def load(root: Path, model: Any, optimizer: Any, fingerprint: dict[str, Any]) ->
             f"{where}: a checkpoint of a run with other settings: {'; '.join(differ)}; "
             "use another --output-dir, or the same settings to resume it"
         )
-    state = torch.load(where / "policy.pt", weights_only=True)
+    state = _tensors(where / "policy.pt")
     params = dict(model.named_parameters())
+    unknown = sorted(set(state) - set(params))
+    if unknown or not all(_fits(params[n], v) for n, v in state.items()):
+        raise InvalidInput(
+            f"{where / 'policy.pt'}: tensors that are not this model's"
+            f" ({', '.join(unknown[:3]) or 'shapes differ'})"
+        )
+    import torch
+
     with torch.no_grad():
         for name, value in state.items():
             params[name].copy_(value)
-    optimizer.load_state_dict(torch.load(where / "optimizer.pt", weights_only=True))
+    try:
+        optimizer.load_state_dict(_tensors(where / "optimizer.pt"))
+    except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+        raise InvalidInput(f"{where / 'optimizer.pt'}: not this run's optimizer: {exc}") from None
     return Checkpoint(step=int(meta["step"]), records=list(meta["records"]), path=where)
+
+
+_STEP = re.compile(r"step-(0|[1-9][0-9]{0,8})")
+
+
+def _meta(path: Path) -> dict[str, Any]:
+    """A checkpoint's meta.json, checked field by field (InvalidInput naming the field)."""
+    meta = decode_json(_read(path), str(path))
+    if not isinstance(meta, dict):
+        raise InvalidInput(f"{path}: must hold a JSON object")
+    for field, kind in (("step", int), ("fingerprint", dict), ("records", list)):
+        if not isinstance(meta.get(field), kind) or isinstance(meta.get(field), bool):
+            raise InvalidInput(f"{path}: field {field!r} must be {kind.__name__}")
+    return meta
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"{path}: cannot read: {exc}") from None
+
+
+def _tensors(path: Path) -> Any:
+    """A checkpoint's torch file, loaded without running code (InvalidInput when corrupt)."""
+    import pickle
+
+    import torch
+
+    try:
+        return torch.load(path, weights_only=True)
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+        raise InvalidInput(f"{path}: not a readable checkpoint file: {str(exc)[:200]}") from None
+
+
+def _fits(param: Any, value: Any) -> bool:
+    return hasattr(value, "shape") and tuple(value.shape) == tuple(param.shape)
