@@ -6,8 +6,10 @@ What the program gets (and only that):
   PID 1's descendant; PID 1 is the program itself), has no network but a loopback of its own, and
   cannot signal, trace or read anything outside;
 - an unprivileged uid (65534). Run by root, bubblewrap makes no user namespace and ``setpriv``
-  drops to 65534 instead, so that the process-count limit applies (the kernel does not count a
-  root-owned user namespace's processes against ``RLIMIT_NPROC``);
+  drops to a uid of the sandbox's own instead (:func:`sandbox_uid`, one per work directory), so
+  that the process-count limit applies (the kernel does not count a root-owned user namespace's
+  processes against ``RLIMIT_NPROC``) and counts only that sandbox's processes: under one shared
+  uid, a sandbox holding every allowed process made another's correct answer fail;
 - read-only binds of ``/usr`` (with the merged-``/usr`` links) and of the interpreter's prefix when
   it lives elsewhere, a fresh ``/proc`` and minimal ``/dev``, a private ``/tmp`` (tmpfs), and its
   work dir at ``/work``, writable. No ``/etc``, no home, no project, no store;
@@ -28,7 +30,8 @@ from pathlib import Path
 
 from rollfleet.errors import PoolError
 
-SANDBOX_UID = 65534  # "nobody"
+SANDBOX_UID = 65534  # "nobody": the uid inside a user namespace
+UID_BASE, UID_SPAN = 1 << 30, 1 << 31  # run by root, each sandbox's uid is in this range
 WORKDIR = "/work"
 INSTALL_HINT = (
     "the py sandbox needs bubblewrap (bwrap), which is not installed: run "
@@ -100,7 +103,7 @@ def bwrap_command(
         cmd += ["--setenv", key, value]
     cmd += ["--", "prlimit", f"--nproc={processes}:{processes}", "--"]
     if root:
-        uid = str(SANDBOX_UID)
+        uid = str(sandbox_uid(workdir))
         cmd += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs"]
         cmd += ["--"]
     return cmd + list(argv)
@@ -112,7 +115,7 @@ def namespace_pid(info_fd: int, wait_s: float = 2.0) -> int | None:
 
     SIGKILL to it ends every process in the PID namespace, daemons included. Killing bubblewrap
     alone is not enough when root runs it: ``--die-with-parent`` arms the parent-death signal,
-    and the uid change to 65534 (setpriv) clears it.
+    and the uid change (setpriv) clears it.
     """
     if not select.select([info_fd], [], [], wait_s)[0]:
         return None
@@ -122,8 +125,16 @@ def namespace_pid(info_fd: int, wait_s: float = 2.0) -> int | None:
         return None
 
 
+def sandbox_uid(workdir: Path) -> int:
+    """The uid a sandbox runs as when root starts it: one of its own, from its work directory's
+    inode number (unique among the directories that exist at once on a filesystem, below 2**31),
+    in a range above the accounts' (2**30 up)."""
+    return UID_BASE + os.stat(workdir).st_ino % UID_SPAN
+
+
 def prepare_workdir(path: Path) -> None:
     """Make ``path`` the sandbox user's own (only needed when root runs the sandbox)."""
     if os.geteuid() == 0:
-        os.chown(path, SANDBOX_UID, SANDBOX_UID)
+        uid = sandbox_uid(path)
+        os.chown(path, uid, uid)
         path.chmod(0o700)

@@ -1,0 +1,57 @@
+"""One rollout's sandbox cannot take another's processes: run by root, each sandbox runs as a
+uid of its own, so a sandbox holding every process it may have leaves the next one's limit
+whole (under one shared uid, the other sandbox's correct answer failed with BlockingIOError and
+its rollout went unscored)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+from support import bubblewrap, eventually
+
+from rollfleet.envs.py import run_py_tests
+from rollfleet.pool.providers.bwrap import sandbox_uid
+from rollfleet.pool.providers.sandbox import SandboxLimits, SandboxProvider
+
+LIMITS = SandboxLimits(cpu_s=10, memory_mb=512, wall_s=60, test_s=5, processes=16)
+HOG = (
+    "import os, time\n"
+    "kids = 0\n"
+    "while kids < 64:\n"
+    "    try:\n"
+    "        if os.fork() == 0:\n"
+    "            time.sleep(60)\n"
+    "            os._exit(0)\n"
+    "    except OSError:\n"
+    "        break\n"
+    "    kids += 1\n"
+    "open('forked', 'w').write(str(kids))\n"
+    "time.sleep(60)\n"
+)
+
+
+async def test_a_fork_hog_in_one_sandbox_leaves_anothers_answer_scored(tmp_path: Path) -> None:
+    bubblewrap()
+    if os.geteuid() != 0:
+        pytest.skip("as a user, each sandbox has a user namespace of its own already")
+    provider = SandboxProvider(LIMITS, root=tmp_path)
+    hog_box, other = await provider.start("hog"), await provider.start("other")
+    assert sandbox_uid(hog_box.path) != sandbox_uid(other.path)
+    hog = asyncio.create_task(hog_box.run_code(HOG, timeout_s=60))
+    try:
+
+        async def forked() -> bool:
+            return (hog_box.path / "forked").exists()
+
+        await eventually(forked, timeout=30, what="the hog to hold its processes")
+        assert int((hog_box.path / "forked").read_text()) < 64  # it reached its own limit
+        score = await run_py_tests(other, "def add(a, b):\n    return a + b\n", ["add(2, 3) == 5"])
+        assert score.reward == 1.0, score.details
+    finally:
+        await hog_box.kill_all()
+        await hog
+        await provider.stop(hog_box)
+        await provider.stop(other)
