@@ -140,6 +140,7 @@ async def test_web_tools_plain_text(store: SqlStore) -> None:
     )
     assert steps[-1].payload["reward"] == 1.0 and done.result.metrics["tool_calls"] == 4.0
     assert llm.requests[0]["tools"][0]["function"]["name"] == "open_url"
+    assert all(r["stop"] == ["\nUser:"] for r in llm.requests)  # a reply ends at a made-up turn
 
 
 def native_rag_script(messages: list[dict[str, Any]]) -> dict[str, Any]:

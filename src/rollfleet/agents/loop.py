@@ -46,6 +46,11 @@ from rollfleet.errors import AgentError, EngineError
 from rollfleet.model import CALL_REWARD_STEP, DISCARD_STEP, RolloutResult
 
 HISTORY_BUDGET_CHARS = 4500  # keeps prompts inside the bundled model's per-sequence context
+# A reply ends where the model starts writing the next turn itself: the bundled 135M model follows
+# its one-line call with a made-up "User: ..." line until max_tokens (on the 3-turn lookup run, 20
+# of every 32 tokens it generated and trained on). The tokens sampled up to the cut stay in the
+# call's completion ids (token-in keeps them); the reply's text stops before it.
+TURN_STOPS = ("\nUser:",)
 IMAGE_CHARS = 1000  # what an image counts for against that budget
 
 
@@ -172,6 +177,7 @@ class Turn:
                 messages=fit_history(messages),
                 max_tokens=self.settings.max_tokens,
                 temperature=self.settings.temperature,
+                stop=list(TURN_STOPS),
                 seed=rollout_seed(self.ctx.rollout_id) + 1000 * turn + attempt,
                 **kwargs,
             )
