@@ -83,7 +83,7 @@ async def test_sandbox_judge_scores_each_test(sandbox: Sandbox) -> None:
     assert good.passed == [True] * 5 and good.all_passed and good.import_error is None
     bad = await sandbox.run_tests("def add(a, b):\n    return a - b\n", tests)
     assert bad.passed == [False, False, False, True, False]
-    assert bad.why[0] == "add(1, 2) == 3: false (values [-1, 3])"
+    assert bad.why[0] == "add(1, 2) == 3: false (the solution answered [-1])"
 
 
 async def test_sandbox_judge_compares_plain_values_of_every_kind(sandbox: Sandbox) -> None:
