@@ -244,7 +244,8 @@ def _agent_step_rows(step: dict[str, Any] | None) -> list[str]:
     split = " / ".join(f"{step[f'seconds/{k}']['median']:.1f}" for k in ("wait", "train", "sync"))
     return [
         f"| agent training | one step of the real multi-turn run (`rollfleet train --mode lookup`, "
-        f"4 × 8 rollouts of up to 3 turns, LoRA, K=1, engine and trainer on 2 cores; "
+        f"{step.get('rollouts_per_step')} rollouts of up to 3 turns a step, LoRA, K=1, engine "
+        f"and trainer on 2 cores; "
         f"[docs/train.md](train.md)), median [range] of its {step['steps']} steps; "
         f"wait / train / sync {split} s | {spread(step['seconds/step'])} s | – | – |"
     ]

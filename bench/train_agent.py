@@ -179,7 +179,12 @@ def step_section(path: str | None) -> dict[str, Any] | None:
         return None
     lines = Path(path).read_text().splitlines()
     steps = [r for r in map(json.loads, filter(str.strip, lines)) if r.get("kind") == "step"]
-    out: dict[str, Any] = {"metrics": str(path), "steps": len(steps)}
+    rollouts = sorted(int(s.get("rollouts", 0)) for s in steps)
+    out: dict[str, Any] = {
+        "metrics": str(path),
+        "steps": len(steps),
+        "rollouts_per_step": rollouts[len(rollouts) // 2] if rollouts else None,
+    }
     for key in STEP_KEYS:
         values = [float(s[key]) for s in steps if isinstance(s.get(key), (int, float))]
         out[key] = median_range(values) if values else None
