@@ -147,3 +147,25 @@ def test_an_output_dir_is_taken_again_by_its_command_only(tmp_path: Path) -> Non
     with pytest.raises(InvalidInput, match="holds the outputs of rollfleet 'train', not of"):
         claim_output_dir(out, "run")
     assert (out / OWNER).read_text() == "train\n"
+
+
+def test_an_output_dir_of_an_older_rollfleet_is_taken_a_foreign_one_is_not(tmp_path: Path) -> None:
+    """Without the owner marker, a directory holding only what the command writes, its store.db
+    one of rollfleet's, is an older rollfleet's output and is resumed; anything else is refused."""
+    import sqlite3
+
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "metrics.jsonl").write_text("{}\n")
+    with sqlite3.connect(old / "store.db") as db:
+        db.execute("CREATE TABLE rollouts (x)")
+        db.execute("CREATE TABLE steps (x)")
+    claim_output_dir(old, "train")
+    assert (old / OWNER).read_text() == "train\n"
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    with sqlite3.connect(foreign / "store.db") as db:
+        db.execute("CREATE TABLE accounts (x)")
+    with pytest.raises(InvalidInput, match="holds store.db, which rollfleet did not write"):
+        claim_output_dir(foreign, "train")
+    assert not (foreign / OWNER).exists()

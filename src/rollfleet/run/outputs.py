@@ -3,6 +3,7 @@ output directory the command claims (:func:`claim_output_dir`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 from collections import Counter, defaultdict
@@ -153,7 +154,7 @@ def claim_output_dir(path: Path, command: str) -> None:
         if not path.is_dir():
             raise InvalidInput(f"--output-dir {path}: exists and is not a directory")
         found = sorted(p.name for p in path.iterdir())
-        if found:
+        if found and not _written_before(path, found, command):
             raise InvalidInput(
                 f"--output-dir {path}: holds {', '.join(found[:3])}"
                 f"{' ...' if len(found) > 3 else ''}, which rollfleet did not write; use an empty"
@@ -161,3 +162,30 @@ def claim_output_dir(path: Path, command: str) -> None:
             )
     path.mkdir(parents=True, exist_ok=True)
     owner.write_text(command + "\n", encoding="utf-8")
+
+
+WRITES = {  # what each command writes in its output directory (besides OWNER)
+    "run": {"trajectories.jsonl", "summary.json", "experiences"},
+    "train": {"metrics.jsonl", "reward.png", "tensorboard", "checkpoints", "experiences", "trl"},
+}
+STORE = ("store.db", "store.db-wal", "store.db-shm")
+
+
+def _written_before(path: Path, found: list[str], command: str) -> bool:
+    """Whether a directory without OWNER holds only what ``command`` writes, its ``store.db``
+    one of rollfleet's (an output directory of a rollfleet from before OWNER: resumed)."""
+    if not set(found) <= WRITES.get(command, set()) | set(STORE):
+        return False
+    return "store.db" not in found or _is_our_store(path / "store.db")
+
+
+def _is_our_store(db: Path) -> bool:
+    """Whether ``db`` is a SQLite file holding rollfleet's ``rollouts`` and ``steps`` tables."""
+    import sqlite3
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)) as c:
+            names = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.Error:
+        return False
+    return {"rollouts", "steps"} <= names
