@@ -55,3 +55,27 @@ async def test_a_fork_hog_in_one_sandbox_leaves_anothers_answer_scored(tmp_path:
         await hog
         await provider.stop(hog_box)
         await provider.stop(other)
+
+
+async def test_the_private_tmp_is_sized_so_a_sandbox_cannot_fill_memory_through_it(
+    tmp_path: Path,
+) -> None:
+    """/tmp is a tmpfs (memory): writing past ``tmp_mb`` fails with ENOSPC inside the sandbox."""
+    bubblewrap()
+    provider = SandboxProvider(LIMITS.model_copy(update={"tmp_mb": 8}), root=tmp_path)
+    box = await provider.start("tmp")
+    try:
+        code = (
+            "import errno\nwritten = 0\ntry:\n"
+            "    with open('/tmp/fill', 'wb') as f:\n"
+            "        for _ in range(64):\n"
+            "            f.write(b'x' * (1 << 20))\n            f.flush()\n"
+            "            written += 1\n"
+            "except OSError as exc:\n"
+            "    print('refused', errno.errorcode[exc.errno], written)\n"
+        )
+        result = await box.run_code(code)
+        assert result.stdout.startswith("refused ENOSPC"), (result.stdout, result.stderr)
+        assert int(result.stdout.split()[-1]) <= 8
+    finally:
+        await provider.stop(box)

@@ -11,8 +11,9 @@ What the program gets (and only that):
   processes against ``RLIMIT_NPROC``) and counts only that sandbox's processes: under one shared
   uid, a sandbox holding every allowed process made another's correct answer fail;
 - read-only binds of ``/usr`` (with the merged-``/usr`` links) and of the interpreter's prefix when
-  it lives elsewhere, a fresh ``/proc`` and minimal ``/dev``, a private ``/tmp`` (tmpfs), and its
-  work dir at ``/work``, writable. No ``/etc``, no home, no project, no store;
+  it lives elsewhere, a fresh ``/proc`` and minimal ``/dev``, a private ``/tmp`` (tmpfs of
+  ``tmp_mb``: it is memory, so it is sized), and its work dir at ``/work``, writable. No
+  ``/etc``, no home, no project, no store;
 - ``--die-with-parent`` and ``--new-session``: when the run is killed, everything it started dies.
 
 ``RLIMIT_NPROC`` is set inside (``prlimit``): set outside, it would count every process the
@@ -77,6 +78,7 @@ def bwrap_command(
     workdir: Path,
     env: Mapping[str, str],
     processes: int,
+    tmp_mb: int,
     python_prefix: str | None = None,
     info_fd: int | None = None,
 ) -> list[str]:
@@ -97,7 +99,8 @@ def bwrap_command(
         for parent in reversed(Path(python_prefix).parents[:-1]):
             cmd += ["--perms", "0755", "--dir", str(parent)]
         cmd += ["--ro-bind", python_prefix, python_prefix]
-    cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    cmd += ["--proc", "/proc", "--dev", "/dev"]
+    cmd += ["--perms", "1777", "--size", str(tmp_mb << 20), "--tmpfs", "/tmp"]  # writable by all
     cmd += ["--bind", str(workdir), WORKDIR, "--chdir", WORKDIR, "--clearenv"]
     for key, value in env.items():
         cmd += ["--setenv", key, value]

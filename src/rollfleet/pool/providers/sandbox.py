@@ -69,6 +69,9 @@ class SandboxLimits(BaseModel):
     file_mb: int = Field(
         default=64, ge=1, le=65536, description="largest file a run may write (RLIMIT_FSIZE)"
     )
+    tmp_mb: int = Field(
+        default=64, ge=1, le=65536, description="size of the sandbox's private /tmp (tmpfs, memory)"
+    )
     open_files: int = Field(
         default=256, ge=16, le=65536, description="open descriptors (RLIMIT_NOFILE)"
     )
@@ -228,6 +231,7 @@ class Sandbox:
             workdir=self.path,
             env=self.env,
             processes=self.limits.processes,
+            tmp_mb=self.limits.tmp_mb,
             python_prefix=self._prefix,
             info_fd=info_fd,
         )
