@@ -79,3 +79,43 @@ async def test_the_private_tmp_is_sized_so_a_sandbox_cannot_fill_memory_through_
         assert int(result.stdout.split()[-1]) <= 8
     finally:
         await provider.stop(box)
+
+
+SYSCALLS = (
+    "import ctypes, errno, os, socket\n"
+    "def family(f):\n"
+    "    try:\n"
+    "        socket.socket(f, socket.SOCK_STREAM if f != 16 else socket.SOCK_RAW).close()\n"
+    "        return 'ok'\n"
+    "    except OSError as exc:\n"
+    "        return errno.errorcode[exc.errno]\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "keyring = libc.syscall({keyctl}, 0, -4, 0)  # KEYCTL_GET_KEYRING_ID of the user keyring\n"
+    "print('vsock', family(40), 'netlink', family(16), 'unix', family(1), 'inet', family(2))\n"
+    "print('keyctl', errno.errorcode.get(ctypes.get_errno()) if keyring < 0 else 'ok')\n"
+)
+
+
+async def test_the_seccomp_filter_refuses_vsock_netlink_and_keyrings_keeps_the_rest(
+    tmp_path: Path,
+) -> None:
+    """AF_VSOCK would reach a VM's host and keyrings are shared by uid: refused with EPERM, while
+    local and IP sockets (the loopback of the sandbox's own network namespace) still work."""
+    import platform
+
+    from rollfleet.pool.providers.bwrap import seccomp_filter
+
+    bubblewrap()
+    if seccomp_filter() is None:
+        pytest.skip(f"no seccomp filter for {platform.machine()}")
+    keyctl = {"x86_64": 250, "aarch64": 219}[platform.machine()]
+    provider = SandboxProvider(LIMITS, root=tmp_path)
+    box = await provider.start("seccomp")
+    try:
+        result = await box.run_code(SYSCALLS.format(keyctl=keyctl))
+    finally:
+        await provider.stop(box)
+    assert result.exit_code == 0, result.stderr
+    sockets, keyring = result.stdout.splitlines()
+    assert sockets == "vsock EPERM netlink EPERM unix ok inet ok", result.stdout
+    assert keyring == "keyctl EPERM", result.stdout

@@ -14,6 +14,9 @@ What the program gets (and only that):
   it lives elsewhere, a fresh ``/proc`` and minimal ``/dev``, a private ``/tmp`` (tmpfs of
   ``tmp_mb``: it is memory, so it is sized), and its work dir at ``/work``, writable. No
   ``/etc``, no home, no project, no store;
+- a seccomp filter (:func:`seccomp_filter`): sockets of the local, IPv4 and IPv6 families only (no
+  ``AF_VSOCK`` to a VM's host, no netlink, no packet sockets), no kernel keyring calls, no
+  io_uring, no system call of another ABI (32-bit or x32) that would slip past the filter;
 - ``--die-with-parent`` and ``--new-session``: when the run is killed, everything it started dies.
 
 ``RLIMIT_NPROC`` is set inside (``prlimit``): set outside, it would count every process the
@@ -81,15 +84,19 @@ def bwrap_command(
     tmp_mb: int,
     python_prefix: str | None = None,
     info_fd: int | None = None,
+    seccomp_fd: int | None = None,
 ) -> list[str]:
     """``argv`` (paths as the sandbox sees them) wrapped in bubblewrap and the limits above.
 
-    bubblewrap writes ``{"child-pid": N}`` on ``info_fd`` (see :func:`namespace_pid`).
+    bubblewrap writes ``{"child-pid": N}`` on ``info_fd`` (see :func:`namespace_pid`) and loads
+    the seccomp program it reads from ``seccomp_fd`` (:func:`seccomp_filter`).
     """
     root = os.geteuid() == 0
     cmd = [bwrap_path(), "--die-with-parent", "--new-session", "--as-pid-1"]
     if info_fd is not None:
         cmd += ["--info-fd", str(info_fd)]
+    if seccomp_fd is not None:
+        cmd += ["--seccomp", str(seccomp_fd)]
     cmd += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
     cmd += ["--unshare-cgroup-try", "--hostname", "sandbox"]
     if not root:
@@ -141,3 +148,46 @@ def prepare_workdir(path: Path) -> None:
         uid = sandbox_uid(path)
         os.chown(path, uid, uid)
         path.chmod(0o700)
+
+
+# seccomp: classic BPF over struct seccomp_data (nr at 0, arch at 4, args from 16, little endian)
+_LD_ABS, _JEQ, _JGE, _RET = 0x20, 0x15, 0x35, 0x06
+_ALLOW, _EPERM = 0x7FFF0000, 0x00050000 | 1
+_ARCHES = {  # machine: (AUDIT_ARCH_*, socket, then refused: keyctl, add_key, request_key, io_uring)
+    "x86_64": (0xC000003E, 41, 250, 248, 249, 425),
+    "aarch64": (0xC00000B7, 198, 219, 217, 218, 425),
+}
+SOCKET_FAMILIES = (1, 2, 10)  # AF_UNIX, AF_INET, AF_INET6
+
+
+def seccomp_filter(machine: str | None = None) -> bytes | None:
+    """The sandbox's seccomp program for this machine's architecture (None where it has none):
+    sockets only of SOCKET_FAMILIES, no keyctl/add_key/request_key (keyrings are shared by uid
+    across sandboxes), no io_uring (its operations would pass by the filter), and every system
+    call of another ABI refused, all with EPERM."""
+    import platform
+    import struct
+
+    found = _ARCHES.get(machine or platform.machine())
+    if found is None:
+        return None
+    arch, socket, *keyring = found
+    deny = 8 + len(keyring) + 2 * len(SOCKET_FAMILIES)  # the index of the last instruction
+
+    def op(code: int, k: int, jt: int = 0, jf: int = 0) -> tuple[int, int, int, int]:
+        return code, jt, jf, k
+
+    program = [op(_LD_ABS, 4), op(_JEQ, arch, 1, 0)]  # another ABI's arch: refused
+    program += [op(_RET, _EPERM), op(_LD_ABS, 0), op(_JGE, 0x40000000, 0, 0)]  # x32 numbers
+    program[-1] = op(_JGE, 0x40000000, deny - len(program), 0)
+    program.append(op(_JEQ, socket, len(keyring) + 1, 0))
+    for nr in keyring:
+        program.append(op(_JEQ, nr, deny - len(program) - 1, 0))
+    program.append(op(_RET, _ALLOW))
+    program.append(op(_LD_ABS, 16))  # socket: its first argument, the family
+    for family in SOCKET_FAMILIES:
+        program.append(op(_JEQ, family, 0, 1))
+        program.append(op(_RET, _ALLOW))
+    program.append(op(_RET, _EPERM))
+    assert len(program) == deny + 1
+    return b"".join(struct.pack("<HBBI", *instruction) for instruction in program)

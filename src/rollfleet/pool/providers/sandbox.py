@@ -45,9 +45,11 @@ from rollfleet.pool.providers.bwrap import (
     interpreter,
     namespace_pid,
     prepare_workdir,
+    seccomp_filter,
 )
 
 JUDGE_SOURCE = Path(judge.__file__).read_text(encoding="utf-8")  # run with -c: nothing to bind
+SECCOMP_PROGRAM = seccomp_filter()  # this machine's; None where its architecture has none
 
 
 class SandboxError(PoolError):
@@ -222,7 +224,9 @@ class Sandbox:
             target.write_text(text, encoding="utf-8")
             target.chmod(0o644)
 
-    def command(self, argv: Sequence[str], info_fd: int | None = None) -> list[str]:
+    def command(
+        self, argv: Sequence[str], info_fd: int | None = None, seccomp_fd: int | None = None
+    ) -> list[str]:
         """``argv`` as it is started: inside bubblewrap unless isolation is off."""
         if not self.isolated:
             return list(argv)
@@ -234,6 +238,7 @@ class Sandbox:
             tmp_mb=self.limits.tmp_mb,
             python_prefix=self._prefix,
             info_fd=info_fd,
+            seccomp_fd=seccomp_fd,
         )
 
     async def run(
@@ -247,14 +252,16 @@ class Sandbox:
         timeout = timeout_s or self.limits.wall_s
         started = time.monotonic()
         info_read, info_write = os.pipe() if self.isolated else (None, None)
+        program = _seccomp_pipe() if self.isolated else None
+        passed = tuple(fd for fd in (info_write, program) if fd is not None)
         try:
             proc = await asyncio.create_subprocess_exec(
-                *self.command(argv, info_write),
+                *self.command(argv, info_write, program),
                 cwd=self.path,
                 env=self.env,
                 start_new_session=True,
                 preexec_fn=_rlimits(self.limits),
-                pass_fds=() if info_write is None else (info_write,),
+                pass_fds=passed,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
@@ -264,8 +271,8 @@ class Sandbox:
                 os.close(info_read)
             raise
         finally:
-            if info_write is not None:
-                os.close(info_write)
+            for fd in passed:
+                os.close(fd)
         run = self._running[proc.pid] = _Started(proc, info_read)
         out, err = _Capture(self.limits.max_output_bytes), _Capture(self.limits.max_output_bytes)
         readers = asyncio.gather(out.read(proc.stdout), err.read(proc.stderr))
@@ -384,6 +391,20 @@ def read_report(stdout: str, tests: int) -> tuple[bool, dict[int, tuple[bool, st
             error = record["import_error"]
             import_error = None if error is None else str(error)[:500]
     return started, verdicts, import_error
+
+
+def _seccomp_pipe() -> int | None:
+    """A pipe's read end holding the seccomp program, for bubblewrap's ``--seccomp`` (None on an
+    architecture the filter does not know: the sandbox then runs without one)."""
+    program = SECCOMP_PROGRAM
+    if program is None:
+        return None
+    read, write = os.pipe()
+    try:
+        os.write(write, program)  # a few hundred bytes: the pipe holds them all
+    finally:
+        os.close(write)
+    return read
 
 
 class SandboxProvider:
