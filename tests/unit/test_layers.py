@@ -3,7 +3,7 @@
 Both checks read the source with ``ast`` and count every import, at module level and inside
 functions alike (a lazy import that points up is still a dependency on a higher layer). The layer
 check counts type-only imports too; the cycle check leaves them out, since they never run. The
-layer order is the README's.
+layer order is docs/architecture.md's.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def imports(module: str, *, typing_too: bool = True) -> Iterator[tuple[int, str]
 
 def test_every_part_of_the_package_has_a_layer() -> None:
     unknown = {part_of(m) for m in MODULES} - RANK.keys()
-    assert not unknown, f"give these a place in LAYERS (and in the README's layer order): {unknown}"
+    assert not unknown, f"give these a place in LAYERS (and in docs/architecture.md's layer order): {unknown}"
 
 
 def test_no_module_imports_from_a_layer_above_it() -> None:
