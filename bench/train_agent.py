@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._common import ROOT, median_range, table, write_results
+from rollfleet.testing import StepRecorder
 
 COMMAND = "python -m bench train_agent"
 ROUNDS, CONVERSATIONS, TURNS, MAX_TOKENS, TEMPERATURE = 3, 16, 3, 48, 1.0
@@ -57,32 +58,6 @@ FIGURES = (
     "one_row_share",
     "wall_s",
 )
-
-
-class Recorded:
-    """The gateway's recorder: every LLM step, by attempt (the store's add_steps stand-in)."""
-
-    def __init__(self) -> None:
-        self.steps: dict[str, list[tuple[str, Any]]] = {}
-
-    async def __call__(self, rollout_id: str, attempt_id: str, step: Any) -> None:
-        self.steps.setdefault(attempt_id, []).append((rollout_id, step))
-
-    def of(self, attempt_id: str) -> list[Any]:
-        """One attempt's steps as the store hands them back."""
-        from rollfleet.model import Step
-
-        return [
-            Step(
-                rollout_id=r,
-                attempt_id=attempt_id,
-                sequence=i,
-                kind=s.kind,
-                payload=s.payload,
-                timestamp=s.timestamp or 0.0,
-            )
-            for i, (r, s) in enumerate(self.steps.get(attempt_id, []), 1)
-        ]
 
 
 def tasks() -> list[dict[str, Any]]:
@@ -130,7 +105,7 @@ async def one_round(side: str, r: int, n: int = CONVERSATIONS) -> dict[str, Any]
 
     engine = LlamaCppEngine(slots=SLOTS, ctx_per_seq=CTX_PER_SEQ)
     await engine.start()
-    recorded = Recorded()
+    recorded = StepRecorder()
     gateway = Gateway(recorded)
     if side == "retokenize":
         gateway.priors = Priors(attempts=0)

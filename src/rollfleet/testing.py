@@ -11,6 +11,8 @@ import time
 
 import httpx
 
+from rollfleet.model import Step, StepIn
+
 
 class FakeClock:
     """A wall clock that only moves when told to; pass ``clock=FakeClock()`` to a store."""
@@ -94,3 +96,30 @@ class ServeProcess:
             except Exception:
                 self.proc.kill()
                 self.proc.wait()
+
+
+class StepRecorder:
+    """A gateway recorder keeping every step in memory (``Gateway(StepRecorder())``): the store's
+    ``add_steps`` stand-in for tests and benchmarks of what the gateway records."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[str, str, StepIn]] = []  # (rollout, attempt, step), in order
+
+    async def __call__(self, rollout_id: str, attempt_id: str, step: StepIn) -> None:
+        """Record one step."""
+        self.steps.append((rollout_id, attempt_id, step))
+
+    def of(self, attempt_id: str) -> list[Step]:
+        """One attempt's steps as the store hands them back (numbered from 1)."""
+        mine = [(r, s) for r, a, s in self.steps if a == attempt_id]
+        return [
+            Step(
+                rollout_id=r,
+                attempt_id=attempt_id,
+                sequence=i,
+                kind=s.kind,
+                payload=s.payload,
+                timestamp=s.timestamp or 0.0,
+            )
+            for i, (r, s) in enumerate(mine, 1)
+        ]

