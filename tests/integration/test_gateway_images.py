@@ -33,8 +33,13 @@ def png(shade: int, size: tuple[int, int] = (80, 60)) -> bytes:
 
 def ask(*parts: dict, stream: bool = False, **extra: Any) -> dict[str, Any]:
     content = [{"type": "text", "text": "What is on the screen?"}, *parts]
-    return {"messages": [{"role": "user", "content": content}], "max_tokens": 6,
-            "temperature": 0, "stream": stream, **extra}  # fmt: skip
+    return {
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 6,
+        "temperature": 0,
+        "stream": stream,
+        **extra,
+    }
 
 
 @pytest.fixture
@@ -52,8 +57,10 @@ async def mixed() -> AsyncIterator[tuple[httpx.AsyncClient, list[StepIn]]]:
         recorded.append(step)
 
     gateway = Gateway(record)
-    for engine, name in ((HFEngine(*tiny_hf_model()), "text-0"),
-                         (HFVisionEngine(*tiny_vlm()), "vlm-0")):  # fmt: skip
+    for engine, name in (
+        (HFEngine(*tiny_hf_model()), "text-0"),
+        (HFVisionEngine(*tiny_vlm()), "vlm-0"),
+    ):
         await engine.start()
         gateway.add_replica(engine, name)
     try:
@@ -67,9 +74,11 @@ async def test_gateway_images_go_to_the_replica_that_sees_with_tokens_and_logpro
     client, recorded = mixed
     for i in range(4):  # least-loaded routing would send some to the text replica
         body = ask(image_part(png(10 * i)), logprobs=True)
-        answer = await client.post("/v1/chat/completions", json=body,
-                                   headers={"X-Rollfleet-Rollout": f"ro-{i}",
-                                            "X-Rollfleet-Attempt": "at-1"})  # fmt: skip
+        answer = await client.post(
+            "/v1/chat/completions",
+            json=body,
+            headers={"X-Rollfleet-Rollout": f"ro-{i}", "X-Rollfleet-Attempt": "at-1"},
+        )
         assert answer.status_code == 200, answer.text
         got = answer.json()
         assert got["rollfleet"]["engine"] == "hf-vision"
@@ -83,8 +92,9 @@ async def test_gateway_images_go_to_the_replica_that_sees_with_tokens_and_logpro
 
 async def test_gateway_images_stream_from_the_vision_replica(mixed) -> None:
     client, _ = mixed
-    async with client.stream("POST", "/v1/chat/completions",
-                             json=ask(image_part(png(3)), stream=True)) as answer:  # fmt: skip
+    async with client.stream(
+        "POST", "/v1/chat/completions", json=ask(image_part(png(3)), stream=True)
+    ) as answer:
         assert answer.status_code == 200
         lines = [line async for line in answer.aiter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
@@ -173,10 +183,12 @@ class _StubOpenAI(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802
         raw = self.rfile.read(int(self.headers["Content-Length"]))
         self.bodies.append(json.loads(raw))
-        chunk = {"choices": [{"index": 0, "delta": {"content": "a red box"},
-                              "finish_reason": "stop"}]}  # fmt: skip
-        self._send(b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n",
-                   "text/event-stream")  # fmt: skip
+        chunk = {
+            "choices": [{"index": 0, "delta": {"content": "a red box"}, "finish_reason": "stop"}]
+        }
+        self._send(
+            b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n", "text/event-stream"
+        )
 
     def _send(self, body: bytes, kind: str) -> None:
         self.send_response(200)
@@ -214,9 +226,10 @@ async def test_gateway_images_forwarded_unchanged_to_a_fake_remote_openai_api(st
     try:
         async with running_gateway(gateway) as url, httpx.AsyncClient(base_url=url) as client:
             answer = await client.post("/v1/chat/completions", json=body)
-            refused = await client.post("/v1/chat/completions",
-                                        json=ask({"type": "image_url",
-                                                  "image_url": {"url": "http://10.0.0.1/x.png"}}))  # fmt: skip
+            refused = await client.post(
+                "/v1/chat/completions",
+                json=ask({"type": "image_url", "image_url": {"url": "http://10.0.0.1/x.png"}}),
+            )
     finally:
         await gateway.close()
     assert (

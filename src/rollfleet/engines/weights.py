@@ -47,8 +47,11 @@ def snapshot(tensors: Iterable[tuple[str, Any]]) -> dict[str, Any]:
     for name, tensor in tensors:
         key = _storage(tensor) or name
         if key not in copies:
-            copies[key] = (tensor.detach().to("cpu", copy=True) if hasattr(tensor, "detach")
-                           else np.array(tensor, copy=True))  # fmt: skip
+            copies[key] = (
+                tensor.detach().to("cpu", copy=True)
+                if hasattr(tensor, "detach")
+                else np.array(tensor, copy=True)
+            )
         out[name] = copies[key]
     return out
 
@@ -117,8 +120,10 @@ async def push_weights(
     from rollfleet.engines.gateway import Gateway
 
     if delta != (base is not None):
-        raise InvalidInput("weights: a delta push needs base=, the version it was computed"
-                           " against, and only a delta takes one")  # fmt: skip
+        raise InvalidInput(
+            "weights: a delta push needs base=, the version it was computed"
+            " against, and only a delta takes one"
+        )
     named = untied(tensors)
     if isinstance(target, Gateway):
         return await target.update_weights(named, version, base=base)
@@ -177,8 +182,13 @@ async def _push_http(
     from rollfleet.engines.buckets import tensor_nbytes
 
     size = sum(tensor_nbytes(t) for _, t in named)
-    bar = Progress(*Progress.get_default_columns(), DownloadColumn(), TransferSpeedColumn(),
-                   disable=not progress, transient=True)  # fmt: skip
+    bar = Progress(
+        *Progress.get_default_columns(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        disable=not progress,
+        transient=True,
+    )
     task = bar.add_task(f"weights v{version}", total=size)
 
     async def body() -> AsyncIterator[bytes]:
@@ -211,7 +221,21 @@ async def _put(
 
 
 __all__ = [
-    "BASE_HEADER", "DELTA_HEADER", "FILE_HEADER", "MAGIC", "WeightsDelta", "changed", "decode",
-    "delta_base", "encode", "mapped_push_file", "parse_header", "push_dir", "push_weights",
-    "snapshot", "untied", "weights_url", "write_push_file",
-]  # fmt: skip
+    "BASE_HEADER",
+    "DELTA_HEADER",
+    "FILE_HEADER",
+    "MAGIC",
+    "WeightsDelta",
+    "changed",
+    "decode",
+    "delta_base",
+    "encode",
+    "mapped_push_file",
+    "parse_header",
+    "push_dir",
+    "push_weights",
+    "snapshot",
+    "untied",
+    "weights_url",
+    "write_push_file",
+]

@@ -50,8 +50,11 @@ def train_with_trl(
     reaches them as ``env_reward``, the rollout ids as ``rollout_id``)."""
     with trl_fleet(opts, console) as rollout:
         records = _train(opts, rollout, console, reward_funcs)
-    report.plot(records, opts.output_dir / report.PLOT, f"rollfleet train --trainer trl: "
-                f"{opts.mode}, {opts.data.name}")  # fmt: skip
+    report.plot(
+        records,
+        opts.output_dir / report.PLOT,
+        f"rollfleet train --trainer trl: {opts.mode}, {opts.data.name}",
+    )
     return records
 
 
@@ -60,15 +63,18 @@ def trl_fleet(opts: TrainOptions, console: Console) -> Iterator[FleetRollout]:
     """The embedded fleet of ``rollfleet train`` for a TRL script: its rollout_func until exit."""
     opts.check()
     if opts.max_staleness:
-        raise InvalidInput("--trainer trl generates each batch with the weights it trains: "
-                           "--max-staleness must be 0")  # fmt: skip
+        raise InvalidInput(
+            "--trainer trl generates each batch with the weights it trains: "
+            "--max-staleness must be 0"
+        )
     if opts.eval_data is not None:
         raise InvalidInput("--trainer trl does not evaluate: leave out --eval-data")
     run = opts.run_options()
     run.check()
     preflight(run)
-    tasks = fleet_tasks(opts.data, opts.mode, max_tokens=opts.max_tokens,
-                        temperature=opts.temperature)  # fmt: skip
+    tasks = fleet_tasks(
+        opts.data, opts.mode, max_tokens=opts.max_tokens, temperature=opts.temperature
+    )
     claim_output_dir(opts.output_dir, "train")
     thread = LoopThread()
     up: Future[tuple[str, Any]] = Future()
@@ -141,28 +147,50 @@ def _train(
     torch.manual_seed(opts.seed)
     model, tokenizer = trl_policy()
     rank = opts.lora_rank
-    peft = None if rank is None else LoraConfig(
-        r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=list(LORA_TARGETS)
-    )  # fmt: skip
+    peft = (
+        None
+        if rank is None
+        else LoraConfig(
+            r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=list(LORA_TARGETS)
+        )
+    )
     args = GRPOConfig(
-        output_dir=str(opts.output_dir / "trl"), max_steps=opts.steps, learning_rate=opts.lr,
+        output_dir=str(opts.output_dir / "trl"),
+        max_steps=opts.steps,
+        learning_rate=opts.lr,
         per_device_train_batch_size=opts.tasks_per_step * opts.group_size,
-        num_generations=opts.group_size, gradient_accumulation_steps=1,
-        max_completion_length=opts.max_tokens, temperature=opts.temperature,
-        epsilon=0.2, epsilon_high=0.28, beta=0.0, lr_scheduler_type="constant",
-        use_cpu=True, bf16=False, activation_checkpointing=False, seed=opts.seed,
-        logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
-    )  # fmt: skip
+        num_generations=opts.group_size,
+        gradient_accumulation_steps=1,
+        max_completion_length=opts.max_tokens,
+        temperature=opts.temperature,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        beta=0.0,
+        lr_scheduler_type="constant",
+        use_cpu=True,
+        bf16=False,
+        activation_checkpointing=False,
+        seed=opts.seed,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+    )
     metrics = _Metrics(rollout, opts, console)
     with warnings.catch_warnings():
         # TRL marks rollout_func experimental (docs/trl.md); peft asks transformers 5 an old name
         warnings.filterwarnings("ignore", message="You are using 'rollout_func'")
         warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
         trainer = GRPOTrainer(
-            model=model, reward_funcs=list(reward_funcs or [fleet_reward]), args=args,
-            train_dataset=prompt_dataset(rollout.tasks), processing_class=tokenizer,
-            peft_config=peft, rollout_func=rollout, callbacks=[metrics],
-        )  # fmt: skip
+            model=model,
+            reward_funcs=list(reward_funcs or [fleet_reward]),
+            args=args,
+            train_dataset=prompt_dataset(rollout.tasks),
+            processing_class=tokenizer,
+            peft_config=peft,
+            rollout_func=rollout,
+            callbacks=[metrics],
+        )
         trainer.remove_callback(PrinterCallback)  # the step lines below say it in one line each
         trainer.train()
     rollout.push(trainer)  # the engines end serving the last step's weights, as --trainer builtin
@@ -185,18 +213,29 @@ class _Metrics(TrainerCallback):
             return
         step, batch = state.global_step - 1, self.rollout.batches[-1]
         record = {
-            "kind": "step", "step": step, "version": step + 1, "batch": batch.batch_id,
-            "generated_by": batch.version, "reward/mean": logs.get("reward"),
-            "reward/std": logs.get("reward_std"), "fleet/reward/mean": batch.reward_mean,
-            "loss": logs["loss"], "grad_norm": logs.get("grad_norm"),
-            "entropy": logs.get("entropy"), "clipped": logs.get("clip_ratio/region_mean"),
-            "experiences": batch.experiences, "missing": batch.missing,
-            "action_tokens": batch.action_tokens, "staleness/max": batch.staleness_max,
-            "seconds/generate": batch.seconds_generate, "seconds/sync": batch.seconds_sync,
+            "kind": "step",
+            "step": step,
+            "version": step + 1,
+            "batch": batch.batch_id,
+            "generated_by": batch.version,
+            "reward/mean": logs.get("reward"),
+            "reward/std": logs.get("reward_std"),
+            "fleet/reward/mean": batch.reward_mean,
+            "loss": logs["loss"],
+            "grad_norm": logs.get("grad_norm"),
+            "entropy": logs.get("entropy"),
+            "clipped": logs.get("clip_ratio/region_mean"),
+            "experiences": batch.experiences,
+            "missing": batch.missing,
+            "action_tokens": batch.action_tokens,
+            "staleness/max": batch.staleness_max,
+            "seconds/generate": batch.seconds_generate,
+            "seconds/sync": batch.seconds_sync,
             "seconds/step": logs.get("step_time"),
-        }  # fmt: skip
+        }
         self.records.append(record)
         report.append(self.path, record)
         reward, seconds = record["reward/mean"] or 0.0, record["seconds/step"] or 0.0
-        self.console.print(f"step {step}: reward {reward:.3f} · {seconds:.1f} s/step",
-                           soft_wrap=True)  # fmt: skip
+        self.console.print(
+            f"step {step}: reward {reward:.3f} · {seconds:.1f} s/step", soft_wrap=True
+        )
