@@ -107,7 +107,7 @@ def grpo_step(
     for batch in [c for c in chunks if c.action_tokens]:
         share = batch.action_tokens / total
         # Off the loss, the KL to the initial policy is a figure: the first micro-batch's will do
-        # (the reference's forward pass cost a third of a step when taken on every row).
+        # (otherwise the initial policy runs a forward pass over every row for a figure).
         with torch.no_grad():
             initial = (
                 reference(batch)
