@@ -235,6 +235,13 @@ def sandbox_rows(d: dict[str, Any]) -> list[str]:
         f"run whose summary the solution could forge (before) | {cell('score/judge+bwrap')} | "
         f"{cell('score/unittest+none')} (forgeable) | "
         f"{c['score/unittest+none']['p50'] / c['score/judge+bwrap']['p50']:.2f}× |",
+        f"| sandbox | ms to score the same solution with a cgroup per sandbox (memory, processes, CPU) "
+        f"and a tmpfs work dir vs with neither (per-process rlimits only) | "
+        f"{cell('score/judge+bwrap+cgroup')} | {cell('score/judge+bwrap')} (rlimits only) | "
+        f"{c['score/judge+bwrap']['p50'] / c['score/judge+bwrap+cgroup']['p50']:.2f}× |",
+        f"| sandbox | ms to start, reset and stop one sandbox: with its cgroup and tmpfs vs without | "
+        f"{cell('lifecycle/bwrap+cgroup')} | {cell('lifecycle/bwrap')} (without) | "
+        f"+{c['lifecycle/bwrap+cgroup']['p50'] - c['lifecycle/bwrap']['p50']:.1f} ms |",
     ]
 
 

@@ -4,14 +4,15 @@ The model has SmolLM2-135M's shape (30 layers, 576 wide, 49,152 tokens: 134.5M p
 fp32 as the CPU engine holds it), built from its config with random weights: what is measured is
 moving and installing tensors, which depends on their sizes only.
 
-1. Sync throughput, in alternating rounds: pushing the state dict over HTTP to a gateway in
-   another process (``PUT /v1/rollfleet/weights/{v}``: framing, CRC, the socket, decoding, the
-   copy into the live model) against a plain in-memory copy of the same tensors into a model of
-   the same shape in this process (the physical limit here). Also the time the engine's worker
-   spent on them (the gateway's ``pause_s``: generation stopped) against the whole update
-   (``update_s``), and the same two in this process for a double-buffered engine (the
-   default: tensors copied into a standby model while generation goes on, the worker only
-   swaps the models) and an in-place one (``double_buffer=False``: the worker copies them).
+1. Sync throughput, in alternating rounds: pushing the state dict to a gateway in another
+   process (``PUT /v1/rollfleet/weights/{v}`` naming a sealed memfd, as ``push_weights`` does on
+   this host: framing, XXH3-64, the memfd, decoding, the copy into the live model) against a
+   plain in-memory copy of the same tensors into a model of the same shape in this process (the
+   physical limit here). Also the time the engine's worker spent on them (the gateway's
+   ``pause_s``: generation stopped) against the whole update (``update_s``), and the same two
+   in this process for a double-buffered engine (the default: tensors copied into a standby
+   model while generation goes on, the worker only swaps the models) and an in-place one
+   (``double_buffer=False``: the worker copies them).
 2. Tokens/s kept under a weight swap every ``SWAP_EVERY_S`` with 8 concurrent generations on the
    HF engine, for: no swaps; interruptible swaps (the default: KV recomputed, generation goes
    on); drain-and-swap (the swap waits for the running batch); abort-and-retry (running
@@ -90,7 +91,7 @@ async def _sync() -> dict[str, Any]:
                     target[name].copy_(tensor)
             copy_s.append(time.perf_counter() - started)
             started = time.perf_counter()
-            answer = await _push_when_up(push_weights, url, source, version)  # same host: file
+            answer = await _push_when_up(push_weights, url, source, version)  # same host: memfd
             push_s.append(time.perf_counter() - started)
             update_s.append(answer["update_s"]["hf-0"])
             install_s.append(answer.get("pause_s", answer["update_s"])["hf-0"])  # older gateways

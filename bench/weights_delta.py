@@ -14,7 +14,7 @@ For each: the tensors whose bytes changed (:func:`rollfleet.engines.weights.chan
 delta push send, the time ``changed`` takes, and the time of each push to a gateway served in
 this process (loopback HTTP) over an HF engine holding the same model: full and delta pushes in
 alternating rounds (full, delta, full, delta, ...; each delta on the version the full push before
-it installed), over both transports (``file``: same host, the default for a loopback URL;
+it installed), over both transports (``file``: a sealed memfd, the default for a loopback URL;
 ``http``: the body on the socket, as from another machine). Then llama.cpp: exporting the GGUF
 for a full update and for the delta, against an f16 export of the model as the served file (an
 engine's second and later updates), again alternating. Figures: median [min-max] over ROUNDS.

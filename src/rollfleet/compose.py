@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from rollfleet.errors import Conflict
+from rollfleet.errors import Conflict, NotFound
 from rollfleet.server.parts import PartsFactory, ServerParts
 from rollfleet.store.base import Store
 from rollfleet.store.sql_store import SqlStore
@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from rollfleet.coordinator.election import Election
     from rollfleet.coordinator.stragglers import AbortHook
     from rollfleet.engines.gateway import Gateway
+    from rollfleet.engines.images import BlobScope, BlobSource
+    from rollfleet.store.blobs import Blob
 
 
 @dataclass(frozen=True)
@@ -64,11 +66,48 @@ def mount_gateway(
             await engine.start()
             gateway.add_replica(engine)
 
-    parts.routers.append(("", gateway_router(gateway, options.token, blobs=store.get_blob)))
+    parts.checked.append(("", gateway_router(gateway, options.token, blobs=blob_scope(store))))
     parts.on_startup.append(start_engines)
     parts.on_shutdown.append(gateway.close)
     extras["engines"] = gateway.replicas
     return gateway
+
+
+def blob_scope(store: Store) -> BlobScope:
+    """The stored images a gateway caller may show: any of them for the operator's token, for an
+    attempt's capability only those its rollout references (its input or its steps)."""
+
+    def scope(rollout_id: str | None) -> BlobSource:
+        if rollout_id is None:
+            return store.get_blob
+        referenced: set[str] | None = None
+
+        async def get(sha256: str) -> Blob:
+            nonlocal referenced
+            if referenced is None:  # looked up once per call, when it references an image
+                referenced = await rollout_images(store, rollout_id)
+            if sha256 not in referenced:  # the same answer as an image nobody stored
+                raise NotFound(f"no image {sha256[:64]!r}")
+            return await store.get_blob(sha256)
+
+        return get
+
+    return scope
+
+
+async def rollout_images(store: Store, rollout_id: str) -> set[str]:
+    """The sha256 of every image a rollout's input or steps reference."""
+    from rollfleet.store.blobs import image_refs
+
+    found = set(image_refs((await store.get_rollout(rollout_id)).input))
+    cursor: str | None = None
+    while True:
+        page = await store.query_steps(rollout_id, cursor=cursor)
+        for step in page.items:
+            found.update(image_refs(step.payload))
+        if page.next_cursor is None:
+            return found
+        cursor = page.next_cursor
 
 
 def abort_generations(gateway: Gateway) -> AbortHook:

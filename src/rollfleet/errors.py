@@ -60,6 +60,13 @@ class Unauthorized(RollfleetError):
     status_code = 401
 
 
+class Forbidden(Unauthorized):
+    """Raised when a caller's key is valid but does not allow this request (an attempt
+    capability used for another rollout, or for an operator's route)."""
+
+    status_code = 403
+
+
 class StoreUnavailable(RollfleetError):
     """Raised when the store backend or the store server cannot be reached."""
 
@@ -142,6 +149,7 @@ ERRORS_BY_NAME: dict[str, type[RollfleetError]] = {
         NotFound,
         Conflict,
         Unauthorized,
+        Forbidden,
         StoreUnavailable,
         AgentError,
         InfraError,

@@ -11,7 +11,8 @@ import pytest
 from support import bubblewrap
 
 from rollfleet.pool.pool import Pool
-from rollfleet.pool.providers.sandbox import Sandbox, SandboxLimits, SandboxProvider
+from rollfleet.pool.providers.sandbox import Sandbox, SandboxProvider
+from rollfleet.pool.providers.sandbox_records import SandboxLimits
 
 LIMITS = SandboxLimits(cpu_s=1, memory_mb=256, wall_s=20, test_s=3, max_output_bytes=4096)
 

@@ -21,7 +21,8 @@ import pytest
 from support import bubblewrap, eventually
 
 from rollfleet.envs.py import run_py_tests
-from rollfleet.pool.providers.sandbox import Sandbox, SandboxLimits, SandboxProvider
+from rollfleet.pool.providers.sandbox import Sandbox, SandboxProvider
+from rollfleet.pool.providers.sandbox_records import SandboxLimits
 
 LIMITS = SandboxLimits(cpu_s=5, memory_mb=512, wall_s=20, test_s=5, processes=32)
 

@@ -4,6 +4,8 @@ whole or not at all, refused with a reason, and survived when the trainer dies m
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
 import subprocess
 import sys
 import textwrap
@@ -29,7 +31,7 @@ def state(seed: int) -> list[tuple[str, Any]]:
 async def test_a_push_during_generation_fails_none_and_matches_a_fresh_engine(
     hf_served, transport
 ) -> None:
-    """Over the wire (the body streams) and on this host (shared memory, the path is sent)."""
+    """Over the wire (the body streams) and on this host (a sealed memfd, its path is sent)."""
     from rollfleet.engines.hf import HFEngine, tiny_hf_model
 
     url, gateway, engine = hf_served
@@ -146,78 +148,97 @@ async def test_in_process_push_goes_straight_to_the_gateway(hf_served) -> None:
     assert answer["version"] == 2 and engine.version == 2
 
 
-async def test_a_push_file_must_be_one_this_user_wrote_in_the_push_directory(
-    hf_served, tmp_path
-) -> None:
-    """The path a client names is untrusted: only a regular file of the server's user, named
-    like a push file, directly in the push directory, is read."""
-    import os
+def sealed(data: bytes) -> int:
+    """A memfd holding ``data``, sealed as push_weights seals its own."""
+    fd = os.memfd_create("test-push", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.pwrite(fd, data, 0)
+    seals = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    return fd
 
-    from rollfleet.engines.weights import FILE_HEADER, push_dir, write_push_file
+
+async def test_a_path_that_is_not_a_sealed_memfd_of_the_servers_user_is_refused_by_name(
+    hf_served,
+) -> None:
+    """The path a client names is untrusted: only ``/proc/<pid>/fd/<fd>`` naming a regular file
+    of the server's user sealed against shrinking and writing is read. A file in the push
+    directory (what a push used to be) is refused by name like any other path, and nothing
+    changes."""
+    from rollfleet.engines.weights import FILE_HEADER, memfd_path, push_dir, write_push_memfd
 
     url, _, engine = hf_served
-    real = write_push_file(state(1), 1 << 20)
-    link = os.path.join(push_dir(), "rollfleet-weights-" + "0" * 32 + ".rfw")
-    os.symlink(real, link)
-    elsewhere = tmp_path / os.path.basename(real)
-    elsewhere.write_bytes(Path(real).read_bytes())
+    fd = write_push_memfd(state(1), 1 << 20)
+    shm = os.path.join(push_dir(), "rollfleet-weights-" + "0" * 32 + ".rfw")
+    Path(shm).write_bytes(os.pread(fd, os.fstat(fd).st_size, 0))
+    plain = os.open(shm, os.O_RDONLY | os.O_CLOEXEC)  # the same bytes, in a file unsealed
     try:
         async with httpx.AsyncClient() as client:
             for path, why in [
-                (link, "cannot open"),
-                (str(elsewhere), "not a push file"),
-                ("/etc/passwd", "not a push file"),
-                (os.path.join(push_dir(), "..", "x.rfw"), "not a push file"),
+                (shm, f"{shm!r} is not a push memfd"),
+                ("/etc/passwd", "is not a push memfd"),
+                (f"/proc/self/fd/{fd}", "is not a push memfd"),
+                (f"/proc/{os.getpid()}/fd/../fd/{fd}", "is not a push memfd"),
+                (f"/proc/{os.getpid()}/fd/999999999", "cannot open"),
+                (memfd_path(plain), "is not sealed against shrinking or writing"),
             ]:
                 reply = await client.put(
                     weights_url(url, 1),
                     headers={FILE_HEADER: path, "authorization": "Bearer s3cret"},
                 )
                 assert reply.status_code == 422 and why in reply.json()["error"]["message"], path
+            assert engine.version == 0
             reply = await client.put(
-                weights_url(url, 1), headers={FILE_HEADER: real, "authorization": "Bearer s3cret"}
+                weights_url(url, 1),
+                headers={FILE_HEADER: memfd_path(fd), "authorization": "Bearer s3cret"},
             )
             assert reply.status_code == 200 and engine.version == 1
     finally:
-        os.unlink(link)
-        os.unlink(real)
+        os.close(plain)
+        os.unlink(shm)
+        os.close(fd)
 
 
-async def test_a_push_file_round_trips_and_a_flipped_byte_in_it_is_422_naming_the_bucket(
+async def test_a_push_memfd_round_trips_and_a_flipped_byte_in_it_is_422_naming_the_bucket(
     hf_served,
 ) -> None:
-    """The file is written a chunk at a time with each header after its payload: it decodes to
+    """The memfd is written a chunk at a time with each header after its payload: it decodes to
     the tensors sent, and a byte changed in it is caught, before anything is applied."""
-    import os
-
-    from rollfleet.engines.weights import FILE_HEADER, decode, mapped_push_file, write_push_file
+    from rollfleet.engines.weights import (
+        FILE_HEADER,
+        decode,
+        mapped_push_memfd,
+        memfd_path,
+        write_push_memfd,
+    )
 
     url, _, engine = hf_served
     before = await greedy(engine)
     sent = state(1)
-    path = write_push_file(sent, 1 << 16)
+    fd = write_push_memfd(sent, 1 << 16)
     try:
-        with mapped_push_file(path) as view:
+        with mapped_push_memfd(memfd_path(fd)) as view:
             got = await decode(view)
             assert [n for n, _ in got] == [n for n, _ in sent]
             pairs = zip(got, sent, strict=True)
             assert all(a.dtype == b.dtype and a.equal(b) for (_, a), (_, b) in pairs)
             del got, pairs
-        with open(path, "r+b") as file:  # noqa: ASYNC230 (a test: a byte in /dev/shm)
-            file.seek(-100, os.SEEK_END)  # inside the last bucket's payload
-            byte = file.read(1)[0]
-            file.seek(-100, os.SEEK_END)
-            file.write(bytes([byte ^ 0x01]))
-        last = sum(isinstance(p, bytes) for p in encode(sent, 1 << 16)) - 3  # magic, end marker
+        raw = bytearray(os.pread(fd, os.fstat(fd).st_size, 0))
+    finally:
+        os.close(fd)
+    raw[-100] ^= 0x01  # inside the last bucket's payload
+    last = sum(isinstance(p, bytes) for p in encode(sent, 1 << 16)) - 3  # magic, end marker
+    flipped = sealed(bytes(raw))
+    try:
         async with httpx.AsyncClient() as client:
             reply = await client.put(
-                weights_url(url, 1), headers={FILE_HEADER: path, "authorization": "Bearer s3cret"}
+                weights_url(url, 1),
+                headers={FILE_HEADER: memfd_path(flipped), "authorization": "Bearer s3cret"},
             )
-        assert reply.status_code == 422 and last > 0
-        assert f"bucket {last} is corrupt (xxh3_64 mismatch)" in reply.json()["error"]["message"]
-        assert engine.version == 0 and await greedy(engine) == before
     finally:
-        os.unlink(path)
+        os.close(flipped)
+    assert reply.status_code == 422 and last > 0
+    assert f"bucket {last} is corrupt (xxh3_64 mismatch)" in reply.json()["error"]["message"]
+    assert engine.version == 0 and await greedy(engine) == before
 
 
 async def test_an_old_format_push_is_422_naming_the_format(hf_served) -> None:

@@ -17,7 +17,8 @@ from support import bubblewrap, eventually
 
 from rollfleet.envs.py import run_py_tests
 from rollfleet.errors import InfraError
-from rollfleet.pool.providers.sandbox import Sandbox, SandboxError, SandboxLimits, SandboxProvider
+from rollfleet.pool.providers.sandbox import Sandbox, SandboxProvider
+from rollfleet.pool.providers.sandbox_records import SandboxError, SandboxLimits
 
 LIMITS = SandboxLimits(cpu_s=5, memory_mb=512, wall_s=20, test_s=3, processes=32)
 FLOAT_TESTS = ["abs(f(3.5) - 0.5) < 1e-6", "abs(f(1.0) - 0.25) < 1e-6"]

@@ -114,6 +114,7 @@ def serve(
         store,
         token=token,
         routers=parts.routers,
+        checked_routers=parts.checked,
         on_startup=parts.on_startup,
         on_shutdown=parts.on_shutdown,
         middleware=parts.middleware,

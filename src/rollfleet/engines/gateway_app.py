@@ -26,7 +26,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from rollfleet.engines.gateway import Gateway
-from rollfleet.engines.images import BlobSource
+from rollfleet.engines.images import BlobScope
 from rollfleet.engines.openai_wire import (
     GATEWAY_ERRORS,
     OpenAIErrorRoute,
@@ -36,50 +36,57 @@ from rollfleet.engines.openai_wire import (
     parse_request,
 )
 from rollfleet.errors import Conflict, InvalidInput, RollfleetError
+from rollfleet.web.capability import caller_check, operator_check
 from rollfleet.web.guard import GATEWAY_GUARD, GuardConfig, RequestGuard
 from rollfleet.web.jsonbody import check_json_body
-from rollfleet.web.serving import bearer_check, uvicorn_options
+from rollfleet.web.serving import uvicorn_options
 
 log = logging.getLogger("rollfleet.engines")
 ROLLOUT_HEADER, ATTEMPT_HEADER = "X-Rollfleet-Rollout", "X-Rollfleet-Attempt"
 
 
 def gateway_router(
-    gateway: Gateway, token: str | None = None, blobs: BlobSource | None = None
+    gateway: Gateway, token: str | None = None, blobs: BlobScope | None = None
 ) -> APIRouter:
     """An APIRouter with the gateway's endpoints (mount it in any FastAPI app); ``blobs`` lets
-    chat calls show images the store holds by reference (``rollfleet-blob:<sha256>``)."""
+    chat calls show images the store holds by reference (``rollfleet-blob:<sha256>``).
 
-    checks = [Depends(bearer_check(token, "gateway")), Depends(check_json_body)]
+    With a ``token``, the model routes take it or an attempt capability
+    (:mod:`rollfleet.web.capability`): a call made with a capability records to its attempt
+    only, and may show only the images its rollout references; abort, weights and replicas take
+    the token alone."""
+
+    caller = caller_check(token, "gateway")
+    operator = [Depends(operator_check(token, "gateway"))]
     router = APIRouter(
-        dependencies=checks,
+        dependencies=[Depends(check_json_body)],
         tags=["gateway"],
         route_class=OpenAIErrorRoute,
         responses=GATEWAY_ERRORS,
     )
 
-    async def run(raw: bytes, chat: bool, rollout: str | None, attempt: str | None) -> Response:
+    async def run(
+        request: Request, chat: bool, rollout: str | None, attempt: str | None
+    ) -> Response:
         try:
-            body, request, want = await parse_request(raw, chat, blobs)
-            shaper = Shaper(request, body, want)
+            granted = await caller(request)
+            rollout = rollout or request.headers.get(ROLLOUT_HEADER)
+            attempt = attempt or request.headers.get(ATTEMPT_HEADER)
+            if granted is not None:
+                rollout, attempt = granted.bind(rollout, attempt)
+            source = None if blobs is None else blobs(None if granted is None else rollout)
+            body, generation, want = await parse_request(await request.body(), chat, source)
+            shaper = Shaper(generation, body, want)
             if body.stream:
-                gateway.router.live(vision=bool(request.images))  # refused before the stream
+                gateway.router.live(vision=bool(generation.images))  # refused before the stream
                 return StreamingResponse(
-                    events(gateway, request, shaper, rollout, attempt),
+                    events(gateway, generation, shaper, rollout, attempt),
                     media_type="text/event-stream",
                 )
-            result = await gateway.generate(request, rollout, attempt)
+            result = await gateway.generate(generation, rollout, attempt)
             return Response(orjson.dumps(shaper.full(result)), media_type="application/json")
         except RollfleetError as exc:
             return error_response(exc)
-
-    def ids(
-        request: Request, rollout: str | None, attempt: str | None
-    ) -> tuple[str | None, str | None]:
-        return (
-            rollout or request.headers.get(ROLLOUT_HEADER),
-            attempt or request.headers.get(ATTEMPT_HEADER),
-        )
 
     for prefix in ("", "/r/{rollout_id}/{attempt_id}"):
 
@@ -88,16 +95,16 @@ def gateway_router(
             request: Request, rollout_id: str | None = None, attempt_id: str | None = None
         ) -> Response:
             """OpenAI chat completions (streaming too)."""
-            return await run(await request.body(), True, *ids(request, rollout_id, attempt_id))
+            return await run(request, True, rollout_id, attempt_id)
 
         @router.post(prefix + "/v1/completions")
         async def complete(
             request: Request, rollout_id: str | None = None, attempt_id: str | None = None
         ) -> Response:
             """OpenAI text completions (streaming too)."""
-            return await run(await request.body(), False, *ids(request, rollout_id, attempt_id))
+            return await run(request, False, rollout_id, attempt_id)
 
-        @router.get(prefix + "/v1/models")
+        @router.get(prefix + "/v1/models", dependencies=[Depends(caller)])
         async def models() -> dict[str, Any]:
             """The models the replicas serve."""
             return {
@@ -114,20 +121,20 @@ def gateway_router(
                 ],
             }
 
-    @router.post("/v1/rollfleet/abort/{rollout_id}")
+    @router.post("/v1/rollfleet/abort/{rollout_id}", dependencies=operator)
     async def abort(rollout_id: str) -> dict[str, Any]:
         """Abort a rollout's in-flight calls (they return partial output)."""
         return {"rollout_id": rollout_id, "aborted": await gateway.abort(rollout_id)}
 
-    @router.put("/v1/rollfleet/weights/{version}")
+    @router.put("/v1/rollfleet/weights/{version}", dependencies=operator)
     async def weights(version: int, request: Request) -> Response:
         """Install new weights on every replica: the body is a push (rollfleet.engines.weights),
-        or the header X-Rollfleet-Weights-File names one a client on this host wrote to shared
-        memory; applied once it has all arrived intact; 409 for a version that is not newer, or
-        while another push is being received; 422 for one more than 1000 ahead unless
-        X-Rollfleet-Weights-Jump: 1. X-Rollfleet-Weights-Delta: 1 with X-Rollfleet-Weights-Base:
-        N sends only some tensors, computed against version N: 409 unless every replica serves
-        N."""
+        or the header X-Rollfleet-Weights-File names a sealed memfd a client on this host wrote
+        it to (/proc/<pid>/fd/<fd>); applied once it has all arrived intact; 409 for a version
+        that is not newer, or while another push is being received; 422 for one more than 1000
+        ahead unless X-Rollfleet-Weights-Jump: 1. X-Rollfleet-Weights-Delta: 1 with
+        X-Rollfleet-Weights-Base: N sends only some tensors, computed against version N: 409
+        unless every replica serves N."""
         from rollfleet.engines.weights_wire import JUMP_HEADER, MAX_STEP
 
         try:
@@ -153,8 +160,13 @@ def gateway_router(
             return error_response(exc)
 
     async def _receive(version: int, request: Request) -> Response:
-        """Read one push (body or push file) and install it (RollfleetError when refused)."""
-        from rollfleet.engines.weights_wire import FILE_HEADER, decode, delta_base, mapped_push_file
+        """Read one push (body or memfd) and install it (RollfleetError when refused)."""
+        from rollfleet.engines.weights_wire import (
+            FILE_HEADER,
+            decode,
+            delta_base,
+            mapped_push_memfd,
+        )
 
         base = delta_base(request.headers)
         if base is not None and gateway.weights_version != base:  # checked again at install
@@ -166,14 +178,14 @@ def gateway_router(
         if path is None:  # the push is the body
             tensors = await decode(request.stream())
             answer = await gateway.update_weights(tensors, version, base=base)
-        else:  # a client on this host wrote it to shared memory
-            with mapped_push_file(path) as view:
+        else:  # a client on this host wrote it to a sealed memfd
+            with mapped_push_memfd(path) as view:
                 tensors = await decode(view)
                 answer = await gateway.update_weights(tensors, version, base=base)
                 del tensors  # before the mapping closes
         return Response(orjson.dumps(answer), media_type="application/json")
 
-    @router.get("/v1/rollfleet/replicas")
+    @router.get("/v1/rollfleet/replicas", dependencies=operator)
     async def replicas() -> dict[str, Any]:
         """Replicas and their load."""
         return {"replicas": gateway.replicas(), "repins": gateway.router.repins}

@@ -228,6 +228,8 @@ def request_images(messages: list[dict[str, Any]] | None) -> tuple[ImageInput, .
 
 
 BlobSource = Callable[[str], Awaitable[Blob]]
+# the images a caller may show: every stored one (None: the operator), or a rollout's own
+BlobScope = Callable[[str | None], BlobSource]
 
 
 async def resolve_references(

@@ -1,5 +1,5 @@
 """Weights from a trainer to the gateway's engines: :func:`push_weights`, in process or over
-HTTP (the format, and the same-host file: :mod:`rollfleet.engines.weights_wire`).
+HTTP (the format, and the same-host memfd: :mod:`rollfleet.engines.weights_wire`).
 
 A push names every weight of the model, or is a *delta*: headers ``X-Rollfleet-Weights-Delta: 1``
 and ``X-Rollfleet-Weights-Base: N`` (in process: :class:`WeightsDelta`) say that it holds only
@@ -10,7 +10,6 @@ refuses a delta (409) unless every replica serves version ``N``. :func:`snapshot
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any
@@ -28,11 +27,12 @@ from rollfleet.engines.weights_wire import (
     delta_base,
     dtype_name,
     encode,
-    mapped_push_file,
+    mapped_push_memfd,
+    memfd_path,
     parse_header,
     push_dir,
     raw_view,
-    write_push_file,
+    write_push_memfd,
 )
 from rollfleet.errors import InvalidInput
 
@@ -107,11 +107,14 @@ async def push_weights(
     jump: bool = False,
 ) -> dict[str, Any]:
     """Send named tensors as weights ``version`` to a gateway: a :class:`Gateway` in this
-    process, or its URL. To a URL on this host (``transport="auto"``, or ``"file"``) the push
-    is written to shared memory and only its path is sent; elsewhere (or ``"http"``) it streams
-    in the request body. Returns the gateway's answer: the version and each replica's time to
-    install. Raises what the gateway refused with (Conflict for a version that is not newer,
-    InvalidInput for a bad tensor or bucket).
+    process, or its URL. To a URL on this host (``transport="auto"`` on Linux, or ``"file"``)
+    the push is written to a sealed memfd and only its ``/proc/<pid>/fd/<fd>`` path is sent;
+    elsewhere (or ``"http"``) it streams in the request body. The gateway must see this
+    process's pid: a gateway in another container (another pid namespace) behind a loopback
+    port cannot open the path and refuses it (InvalidInput), so push to it with ``"http"``.
+    Returns the gateway's answer: the version and each replica's time to install. Raises what
+    the gateway refused with (Conflict for a version that is not newer, InvalidInput for a bad
+    tensor or bucket).
 
     A full push names every weight. ``delta=True`` sends only some (:func:`changed` finds them),
     computed against weights version ``base`` (required): the rest keep their values, and the
@@ -131,8 +134,9 @@ async def push_weights(
     if jump:
         headers[JUMP_HEADER] = "1"
     host = urlsplit(str(target)).hostname
-    if transport == "file" or (transport == "auto" and host in ("127.0.0.1", "localhost", "::1")):
-        return await _push_file(str(target), named, version, token, bucket_bytes, headers)
+    local = host in ("127.0.0.1", "localhost", "::1") and hasattr(os, "memfd_create")
+    if transport == "file" or (transport == "auto" and local):
+        return await _push_memfd(str(target), named, version, token, bucket_bytes, headers)
     return await _push_http(str(target), named, version, token, bucket_bytes, progress, headers)
 
 
@@ -149,7 +153,7 @@ def untied(tensors: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
     return out
 
 
-async def _push_file(
+async def _push_memfd(
     url: str,
     named: list[tuple[str, Any]],
     version: int,
@@ -157,15 +161,16 @@ async def _push_file(
     bucket_bytes: int,
     headers: dict[str, str],
 ) -> dict[str, Any]:
-    """Same host: write the push to shared memory and send only its path."""
+    """Same host: write the push to a sealed memfd and send only the path the gateway opens it
+    by; the memfd is closed once the gateway answered (its memory goes with the last reference,
+    even if this process is killed)."""
     import asyncio
 
-    path = await asyncio.to_thread(write_push_file, named, bucket_bytes)
+    fd = await asyncio.to_thread(write_push_memfd, named, bucket_bytes)
     try:
-        return await _put(url, version, token, None, {**headers, FILE_HEADER: path})
+        return await _put(url, version, token, None, {**headers, FILE_HEADER: memfd_path(fd)})
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+        os.close(fd)
 
 
 async def _push_http(
@@ -230,12 +235,13 @@ __all__ = [
     "decode",
     "delta_base",
     "encode",
-    "mapped_push_file",
+    "mapped_push_memfd",
+    "memfd_path",
     "parse_header",
     "push_dir",
     "push_weights",
     "snapshot",
     "untied",
     "weights_url",
-    "write_push_file",
+    "write_push_memfd",
 ]

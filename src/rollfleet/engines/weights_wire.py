@@ -1,4 +1,4 @@
-"""The weights push format: a framed, checksummed stream of buckets, and the same-host file.
+"""The weights push format: a framed, checksummed stream of buckets, and the same-host memfd.
 
 One push is one HTTP request (``PUT /v1/rollfleet/weights/{version}``, body
 ``application/octet-stream``) whose body is::
@@ -14,8 +14,9 @@ CRC-32) is refused, naming it. Buckets come from :func:`rollfleet.engines.bucket
 so neither side holds more than one bucket beyond the tensors themselves. Nothing is applied
 until the end marker arrives and every checksum matched: a trainer killed mid-push, a corrupt
 bucket or a refused tensor leaves every engine on its old weights, and the next push starts
-afresh (there is no upload state to clean up). On the same host the same bytes go to a file in
-:func:`push_dir` and only its path travels (:func:`write_push_file`, :func:`mapped_push_file`).
+afresh (there is no upload state to clean up). On the same host the same bytes go to a sealed
+memfd and only its ``/proc/<pid>/fd/<fd>`` path travels (:func:`write_push_memfd`,
+:func:`mapped_push_memfd`).
 
 Every size a caller sets is capped (header, bucket, tensor count, total bytes), dtypes are an
 allow-list, and each tensor's byte count must equal its shape times its element size.
@@ -24,13 +25,13 @@ allow-list, and each tensor's byte count must equal its shape times its element 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import mmap
 import os
 import re
 import struct
 import tempfile
-import uuid
 import warnings
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ from rollfleet.errors import InvalidInput
 MAGIC = b"RFW2"
 OLD_MAGICS = {b"RFW1": "RFW1 (CRC-32 checksums)"}
 CHECKSUM = "xxh3_64"  # the header field: the payload's XXH3-64
-CHUNK = 1 << 20  # a push file is copied and hashed a chunk at a time, while it is in cache
+CHUNK = 1 << 20  # a push memfd is written and hashed a chunk at a time, while it is in cache
 MAX_HEADER = 1 << 20  # bytes of one bucket's header
 MAX_BUCKET = 4 << 30  # bytes of one bucket's payload
 MAX_TENSORS = 1_000_000
@@ -55,7 +56,7 @@ DELTA_HEADER = "x-rollfleet-weights-delta"
 JUMP_HEADER = "x-rollfleet-weights-jump"  # "1": the version may advance by more than MAX_STEP
 MAX_STEP = 1000  # how far one push may move the version without JUMP_HEADER
 BASE_HEADER = "x-rollfleet-weights-base"
-FILE_NAME = re.compile(r"rollfleet-weights-[0-9a-f]{32}\.rfw")
+MEMFD_PATH = re.compile(r"/proc/[1-9][0-9]{0,9}/fd/[0-9]{1,10}")  # what FILE_HEADER may name
 DTYPES = {
     "float32": 4, "float16": 2, "bfloat16": 2, "float64": 8,
     "int8": 1, "uint8": 1, "int16": 2, "int32": 4, "int64": 8, "bool": 1,
@@ -211,7 +212,7 @@ class _Reader:
 
 
 class _BufferReader:
-    """The same reads over a buffer already in memory (a push file, mapped): no copies."""
+    """The same reads over a buffer already in memory (a push memfd, mapped): no copies."""
 
     def __init__(self, view: memoryview) -> None:
         self.view, self.at = view, 0
@@ -219,7 +220,7 @@ class _BufferReader:
     async def take(self, n: int) -> bytearray | memoryview:
         """A view of the next ``n`` bytes."""
         if self.at + n > len(self.view):
-            raise InvalidInput("weights: the push file ends before its end marker")
+            raise InvalidInput("weights: the push memfd ends before its end marker")
         self.at += n
         return self.view[self.at - n : self.at]
 
@@ -229,7 +230,7 @@ class _BufferReader:
 
 
 async def decode(chunks: AsyncIterator[bytes] | memoryview) -> list[tuple[str, Any]]:
-    """Every named tensor of a push (an HTTP body's chunks, or a mapped push file), as torch
+    """Every named tensor of a push (an HTTP body's chunks, or a mapped push memfd), as torch
     tensors over the received bytes, once the end marker arrived and each bucket's checksum
     matched; InvalidInput otherwise."""
     import torch
@@ -272,7 +273,7 @@ async def decode(chunks: AsyncIterator[bytes] | memoryview) -> list[tuple[str, A
             if h.nbytes == 0:
                 out.append((h.name, torch.empty(h.shape, dtype=dtype)))
                 continue
-            with warnings.catch_warnings():  # a mapped push file is read-only; it is only read
+            with warnings.catch_warnings():  # a mapped push memfd is read-only; it is only read
                 warnings.simplefilter("ignore", UserWarning)
                 raw = torch.frombuffer(payload, dtype=torch.uint8, count=h.nbytes, offset=offset)
             out.append((h.name, raw.view(dtype).reshape(h.shape)))
@@ -284,29 +285,37 @@ async def decode(chunks: AsyncIterator[bytes] | memoryview) -> list[tuple[str, A
 
 
 def push_dir() -> str:
-    """Where same-host pushes are written: shared memory where there is some."""
+    """Shared memory where there is some (served engines' checkpoints go there); pushes on this
+    host use a memfd instead (:func:`write_push_memfd`)."""
     return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
-def write_push_file(tensors: Iterable[tuple[str, Any]], bucket_bytes: int) -> str:
-    """Write a push to a new file of this user's in :func:`push_dir`; return its path. Written
-    with ``pwrite`` a chunk at a time, each chunk hashed just before, while in cache: the pages
-    of a 538 MB file are allocated as it is written in 0.2 s here, where mapping the file with its
+def write_push_memfd(tensors: Iterable[tuple[str, Any]], bucket_bytes: int) -> int:
+    """Write a push to a new memfd (Linux), sealed against any change; return its descriptor,
+    for :func:`memfd_path`. The caller closes it once the gateway answered: the memory goes with
+    the last reference, so a trainer killed mid-push leaves nothing behind. Written with
+    ``pwrite`` a chunk at a time, each chunk hashed just before, while in cache: the pages of a
+    538 MB push are allocated as it is written in 0.2 s here, where mapping the file with its
     pages populated and copying into it took 0.36 s (page by page, 0.7-1.5 s)."""
     buckets = list(_buckets(tensors, bucket_bytes))
-    path = os.path.join(push_dir(), f"rollfleet-weights-{uuid.uuid4().hex}.rfw")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    fd = os.memfd_create("rollfleet-weights", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         at = _pwrite(fd, MAGIC, 0)
         for bucket in buckets:
             at = _write_bucket(fd, bucket, at)
         _pwrite(fd, struct.pack("<I", 0), at)
+        seals = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
     except BaseException:
-        os.unlink(path)
-        raise
-    finally:
         os.close(fd)
-    return path
+        raise
+    return fd
+
+
+def memfd_path(fd: int) -> str:
+    """The path a gateway on this host opens this process's descriptor ``fd`` by (it must see
+    this process's pid: the same pid namespace)."""
+    return f"/proc/{os.getpid()}/fd/{fd}"
 
 
 def _write_bucket(fd: int, bucket: _Bucket, at: int) -> int:
@@ -334,27 +343,23 @@ def _pwrite(fd: int, data: bytes | memoryview, at: int) -> int:
 
 
 @contextlib.contextmanager
-def mapped_push_file(path: str) -> Iterator[memoryview]:
-    """A push file named by a client on this host, mapped read-only (tensors are made over it
-    without a copy, and only read: an engine copies them into its model). Only a regular file
-    of this process's user, named like the files :func:`write_push_file` makes, directly in
-    :func:`push_dir`, is opened; InvalidInput otherwise."""
-    name = os.path.basename(path)
-    if os.path.dirname(path) != push_dir() or not FILE_NAME.fullmatch(name):
-        raise InvalidInput(f"weights: {path!r} is not a push file in {push_dir()}")
+def mapped_push_memfd(path: str) -> Iterator[memoryview]:
+    """A push a client on this host wrote to a memfd (:func:`write_push_memfd`), named by
+    ``path`` (``/proc/<pid>/fd/<fd>``), mapped read-only (tensors are made over it without a
+    copy, and only read: an engine copies them into its model). The path is untrusted: only a
+    regular file of this process's user, sealed against shrinking and writing (so nobody can
+    truncate it under the mapping, which would kill this process with SIGBUS, nor change the
+    bytes once checked), is mapped; InvalidInput naming what is wrong otherwise."""
+    if not MEMFD_PATH.fullmatch(path):
+        raise InvalidInput(f"weights: {path[:200]!r} is not a push memfd (/proc/<pid>/fd/<fd>)")
+    fd = _open_regular(path)
     try:
-        # never blocks: a FIFO named like a push file opens at once, and is refused below
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as exc:
-        raise InvalidInput(f"weights: cannot open {path!r}: {exc.strerror}") from exc
-    try:
-        info = os.fstat(fd)
-        if not stat_is_regular(info.st_mode) or info.st_uid != os.geteuid():
-            raise InvalidInput(f"weights: {path!r} is not a regular file of this server's user")
-        if not 0 < info.st_size <= MAX_TOTAL + MAX_HEADER:
-            raise InvalidInput(f"weights: {path!r} has {info.st_size} bytes")
+        _check_seals(fd, path)
+        size = os.fstat(fd).st_size
+        if not 0 < size <= MAX_TOTAL + MAX_HEADER:
+            raise InvalidInput(f"weights: {path!r} has {size} bytes")
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # read-only, pre-faulted
-        mapped = mmap.mmap(fd, info.st_size, flags=flags, prot=mmap.PROT_READ)
+        mapped = mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ)
     finally:
         os.close(fd)
     try:
@@ -362,6 +367,42 @@ def mapped_push_file(path: str) -> Iterator[memoryview]:
     finally:
         with contextlib.suppress(BufferError):  # tensors still over it: the GC unmaps it
             mapped.close()
+
+
+def _open_regular(path: str) -> int:
+    """``path`` opened for reading if it is a regular file of this process's user. It is first
+    only named (``O_PATH``: a pipe, socket or device behind it is not opened, so nothing blocks
+    or happens), checked, then that very file reopened through ``/proc/self/fd``."""
+    try:
+        handle = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError as exc:
+        raise InvalidInput(f"weights: cannot open {path!r}: {exc.strerror}") from exc
+    try:
+        info = os.fstat(handle)
+        if not stat_is_regular(info.st_mode) or info.st_uid != os.geteuid():
+            raise InvalidInput(f"weights: {path!r} is not a regular file of this server's user")
+        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+        return os.open(f"/proc/self/fd/{handle}", flags)
+    except OSError as exc:
+        raise InvalidInput(f"weights: cannot open {path!r}: {exc.strerror}") from exc
+    finally:
+        os.close(handle)
+
+
+def _check_seals(fd: int, path: str) -> None:
+    """InvalidInput naming the seals the file lacks of those that keep a mapping of it whole
+    (shrinking: SIGBUS) and its checked bytes as they were (writing)."""
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError:  # a file that cannot be sealed (not a memfd or on tmpfs)
+        seals = 0
+    needed = {fcntl.F_SEAL_SHRINK: "shrinking", fcntl.F_SEAL_WRITE: "writing"}
+    missing = [what for seal, what in needed.items() if not seals & seal]
+    if missing:
+        raise InvalidInput(
+            f"weights: {path!r} is not sealed against {' or '.join(missing)}"
+            " (push_weights writes a sealed memfd)"
+        )
 
 
 def stat_is_regular(mode: int) -> bool:

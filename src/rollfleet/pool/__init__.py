@@ -21,12 +21,11 @@ from rollfleet.pool.pool import Pool, PoolPolicy
 from rollfleet.pool.providers.command import CommandProvider, CommandSpec
 from rollfleet.pool.providers.desktop import DesktopEnvStandIn, DesktopOptions, DesktopProvider
 from rollfleet.pool.providers.memory import MemoryProvider
-from rollfleet.pool.providers.sandbox import (
+from rollfleet.pool.providers.sandbox import Sandbox, SandboxProvider
+from rollfleet.pool.providers.sandbox_records import (
     RunResult,
-    Sandbox,
     SandboxError,
     SandboxLimits,
-    SandboxProvider,
     TestReport,
 )
 from rollfleet.pool.remote import RemotePool, fetch_pool_stats

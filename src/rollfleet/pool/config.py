@@ -30,7 +30,8 @@ from rollfleet.pool.leases import PoolRegistry
 from rollfleet.pool.pool import Pool, PoolPolicy
 from rollfleet.pool.providers.command import CommandProvider, CommandSpec
 from rollfleet.pool.providers.desktop import DesktopOptions, DesktopProvider
-from rollfleet.pool.providers.sandbox import SandboxLimits, SandboxProvider
+from rollfleet.pool.providers.sandbox import SandboxProvider
+from rollfleet.pool.providers.sandbox_records import SandboxLimits
 
 
 class _Strict(BaseModel):

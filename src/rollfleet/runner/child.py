@@ -11,7 +11,8 @@ event are trimmed). File descriptor 1 itself is pointed at stderr, so what an ag
 never corrupt an event line.
 
 Optional: ``--llm-url`` gives every rollout ``ctx.llm`` (an OpenAI client tagged with its
-rollout and attempt; its API key from ``ROLLFLEET_LLM_TOKEN``); ``--own-engine`` instead starts
+rollout and attempt; its API key from ``ROLLFLEET_LLM_TOKEN``, or with ``--llm-mint`` an attempt
+capability made from that rollfleet gateway token); ``--own-engine`` instead starts
 a private llama.cpp engine in this process (the seed's one-engine-per-process design, for
 comparisons); ``--env-spec JSON``
 (an :class:`rollfleet.envs.EnvSpec`) gives ``ctx.env``; ``--exit-with-parent`` stops the
@@ -132,16 +133,24 @@ def emit(event: str, **fields: Any) -> None:
         sys.stdout.flush()
 
 
-def llm_factory(url: str, token: str | None, http: Any) -> Callable[[Rollout], Any]:
+def llm_factory(
+    url: str, token: str | None, http: Any, mint: bool = False
+) -> Callable[[Rollout], Any]:
     """``ctx.llm`` for each rollout: an OpenAI client for ``url`` tagged with its ids, all of
-    them on the one connection pool ``http``."""
+    them on the one connection pool ``http``, with ``token`` as its API key; with ``mint``,
+    ``token`` is the rollfleet gateway's and the client holds an attempt capability made from
+    it instead (:mod:`rollfleet.web.capability`)."""
     from rollfleet.engines.client import llm_client
+    from rollfleet.web import capability
 
     def make(rollout: Rollout) -> Any:
         assert rollout.attempt is not None
-        return llm_client(
-            url, rollout.rollout_id, rollout.attempt.attempt_id, token=token, http_client=http
-        )
+        attempt_id = rollout.attempt.attempt_id
+        key = token
+        if mint and token is not None:
+            ttl = capability.attempt_ttl(rollout.config.timeout_s)
+            key = capability.mint(token, rollout.rollout_id, attempt_id, ttl)
+        return llm_client(url, rollout.rollout_id, attempt_id, token=key, http_client=http)
 
     return make
 
@@ -194,7 +203,9 @@ async def _serve(args: argparse.Namespace, llm_url: str | None) -> int:
             grace_s=args.grace_s,
             on_event=emit,
             env=env,
-            llm_factory=llm_factory(llm_url, args.llm_token, http) if llm_url else None,
+            llm_factory=llm_factory(llm_url, args.llm_token, http, mint=args.llm_mint)
+            if llm_url
+            else None,
         )
     except AgentError as exc:
         emit("agent_error", worker_id=args.worker_id, error=str(exc))
@@ -259,6 +270,12 @@ def main() -> None:
         help="API key for --llm-url (default: ROLLFLEET_LLM_TOKEN; prefer it, as for --token)",
     )
     parser.add_argument(
+        "--llm-mint",
+        action="store_true",
+        help="--llm-token is a rollfleet gateway's token: give each attempt's ctx.llm a "
+        "capability made from it (recording to that attempt only), never the token",
+    )
+    parser.add_argument(
         "--own-engine", action="store_true", help="start a private llama.cpp engine for ctx.llm"
     )
     parser.add_argument(
@@ -270,6 +287,8 @@ def main() -> None:
         "--supervised", action="store_true", help="SIGINT is left to the supervisor"
     )
     args = parser.parse_args()
+    for name in ("ROLLFLEET_TOKEN", "ROLLFLEET_LLM_TOKEN"):  # read: nothing the agent starts
+        os.environ.pop(name, None)  # inherits them
     pipe = take_stdout_for_events()
     try:
         code = asyncio.run(main_async(args))

@@ -37,13 +37,15 @@ def create_app(
     *,
     token: str | None = None,
     routers: Sequence[tuple[str, APIRouter]] = (),
+    checked_routers: Sequence[tuple[str, APIRouter]] = (),
     reaper_interval_s: float | None = 1.0,
     on_startup: Sequence[Hook] = (),
     on_shutdown: Sequence[Hook] = (),
     guard: GuardConfig = GUARD,
     middleware: Sequence[Middleware] = (),
 ) -> FastAPI:
-    """Build the control plane app over ``store``; extra routers mount under their prefixes."""
+    """Build the control plane app over ``store``; extra routers mount under their prefixes,
+    behind the token (``routers``) or checking their own callers (``checked_routers``)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -94,4 +96,6 @@ def create_app(
     app.add_middleware(RequestGuard, config=guard)  # added last: outermost, ahead of LeanRoutes
     for prefix, router in routers:
         app.include_router(router, prefix=prefix, dependencies=auth, responses=ERROR_RESPONSES)
+    for prefix, router in checked_routers:
+        app.include_router(router, prefix=prefix, responses=ERROR_RESPONSES)
     return app

@@ -71,6 +71,7 @@ class ServerThread:
             store,
             token=self._token,
             routers=parts.routers,
+            checked_routers=parts.checked,
             on_startup=parts.on_startup,
             on_shutdown=parts.on_shutdown,
             middleware=parts.middleware,

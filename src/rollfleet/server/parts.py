@@ -17,10 +17,13 @@ from rollfleet.store.base import Store
 
 @dataclass
 class ServerParts:
-    """Routers to mount as ``(prefix, router)``, hooks run as the app starts and stops, and ASGI
-    middleware (inside the request guard) as ``(class, options)``."""
+    """Routers to mount as ``(prefix, router)`` behind the operator's token, routers that check
+    their own callers (``checked``: the gateway, which takes attempt capabilities too), hooks run
+    as the app starts and stops, and ASGI middleware (inside the request guard) as
+    ``(class, options)``."""
 
     routers: list[tuple[str, APIRouter]] = field(default_factory=list)
+    checked: list[tuple[str, APIRouter]] = field(default_factory=list)
     on_startup: list[Hook] = field(default_factory=list)
     on_shutdown: list[Hook] = field(default_factory=list)
     middleware: list[Middleware] = field(default_factory=list)

@@ -26,7 +26,7 @@ class ErrorBody(BaseModel):
 _MEANINGS = {
     400: "the body is not JSON",
     401: "a missing or wrong bearer token",
-    403: "a cross-site request",
+    403: "a cross-site request, or an attempt capability used beyond what it allows",
     404: "an id this server does not know",
     409: "an illegal transition, or a write from an attempt that is no longer current",
     413: "a body over the server's cap",

@@ -6,14 +6,16 @@ What the program gets (and only that):
   PID 1's descendant; PID 1 is the program itself), has no network but a loopback of its own, and
   cannot signal, trace or read anything outside;
 - an unprivileged uid (65534). Run by root, bubblewrap makes no user namespace and ``setpriv``
-  drops to a uid of the sandbox's own instead (:func:`sandbox_uid`, one per work directory), so
+  drops to a uid of the sandbox's own instead (:func:`sandbox_uid`, one per work directory, taken
+  before a tmpfs is mounted on it: every tmpfs's root has inode 1), so
   that the process-count limit applies (the kernel does not count a root-owned user namespace's
   processes against ``RLIMIT_NPROC``) and counts only that sandbox's processes: under one shared
   uid, a sandbox holding every allowed process made another's correct answer fail;
 - read-only binds of ``/usr`` (with the merged-``/usr`` links) and of the interpreter's prefix when
   it lives elsewhere, a fresh ``/proc`` and minimal ``/dev``, a private ``/tmp`` (tmpfs of
   ``tmp_mb``: it is memory, so it is sized), and its work dir at ``/work``, writable. No
-  ``/etc``, no home, no project, no store;
+  ``/etc``, no home, no project, no store. Run by root, the work dir is a tmpfs of its own
+  (:func:`mount_workdir`), so a run that fills it gets ENOSPC and the host's disk is never filled;
 - a seccomp filter (:func:`seccomp_filter`): sockets of the local, IPv4 and IPv6 families only (no
   ``AF_VSOCK`` to a VM's host, no netlink, no packet sockets), no kernel keyring calls, no
   io_uring, no system call of another ABI (32-bit or x32) that would slip past the filter;
@@ -25,10 +27,14 @@ calling user already has.
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import functools
 import json
 import os
 import select
 import shutil
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -85,11 +91,13 @@ def bwrap_command(
     python_prefix: str | None = None,
     info_fd: int | None = None,
     seccomp_fd: int | None = None,
+    uid: int | None = None,
 ) -> list[str]:
     """``argv`` (paths as the sandbox sees them) wrapped in bubblewrap and the limits above.
 
     bubblewrap writes ``{"child-pid": N}`` on ``info_fd`` (see :func:`namespace_pid`) and loads
-    the seccomp program it reads from ``seccomp_fd`` (:func:`seccomp_filter`).
+    the seccomp program it reads from ``seccomp_fd`` (:func:`seccomp_filter`). Run by root, the
+    program runs as ``uid`` (by default :func:`sandbox_uid` of ``workdir``).
     """
     root = os.geteuid() == 0
     cmd = [bwrap_path(), "--die-with-parent", "--new-session", "--as-pid-1"]
@@ -113,8 +121,8 @@ def bwrap_command(
         cmd += ["--setenv", key, value]
     cmd += ["--", "prlimit", f"--nproc={processes}:{processes}", "--"]
     if root:
-        uid = str(sandbox_uid(workdir))
-        cmd += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs"]
+        user = str(sandbox_uid(workdir) if uid is None else uid)
+        cmd += ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", "--no-new-privs"]
         cmd += ["--"]
     return cmd + list(argv)
 
@@ -138,16 +146,64 @@ def namespace_pid(info_fd: int, wait_s: float = 2.0) -> int | None:
 def sandbox_uid(workdir: Path) -> int:
     """The uid a sandbox runs as when root starts it: one of its own, from its work directory's
     inode number (unique among the directories that exist at once on a filesystem, below 2**31),
-    in a range above the accounts' (2**30 up)."""
+    in a range above the accounts' (2**30 up). Take it before mounting anything on the directory:
+    the root of every tmpfs has inode 1."""
     return UID_BASE + os.stat(workdir).st_ino % UID_SPAN
 
 
-def prepare_workdir(path: Path) -> None:
-    """Make ``path`` the sandbox user's own (only needed when root runs the sandbox)."""
+def prepare_workdir(path: Path, uid: int | None = None) -> None:
+    """Make ``path`` the sandbox user's own, ``uid``'s (by default :func:`sandbox_uid`'s); only
+    needed when root runs the sandbox."""
     if os.geteuid() == 0:
-        uid = sandbox_uid(path)
-        os.chown(path, uid, uid)
+        user = sandbox_uid(path) if uid is None else uid
+        os.chown(path, user, user)
         path.chmod(0o700)
+
+
+_MS_NOSUID, _MS_NODEV, _MNT_DETACH = 2, 4, 2
+
+
+def mount_workdir(path: Path, size_mb: int) -> None:
+    """Mount a tmpfs of ``size_mb`` on ``path`` (root only; OSError when the kernel refuses):
+    writing past it is ENOSPC, and its pages are charged to the memory cgroup of the writer."""
+    options = f"size={size_mb}m,mode=0700".encode()
+    flags = _MS_NOSUID | _MS_NODEV
+    if _libc().mount(b"tmpfs", os.fsencode(path), b"tmpfs", flags, options) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"mount -t tmpfs: {os.strerror(code)}", str(path))
+
+
+def unmount_workdir(path: Path) -> None:
+    """Unmount the tmpfs on ``path``; detached (it goes once unused) when something still holds
+    it; nothing when there is none."""
+    libc = _libc()
+    if libc.umount2(os.fsencode(path), 0) == 0:
+        return
+    code = ctypes.get_errno()
+    if code == errno.EBUSY and libc.umount2(os.fsencode(path), _MNT_DETACH) == 0:
+        return
+    if code != errno.EINVAL:  # EINVAL: not a mount point
+        raise OSError(code, f"umount: {os.strerror(code)}", str(path))
+
+
+def tmpfs_refusal(size_mb: int) -> str | None:
+    """Why a work dir cannot be a tmpfs here; None when it can (root, and the kernel mounts one
+    of ``size_mb``: tried on a scratch directory)."""
+    if os.geteuid() != 0:
+        return "not root"
+    with tempfile.TemporaryDirectory(prefix="rollfleet-tmpfs-probe-") as tmp:
+        try:
+            mount_workdir(Path(tmp), size_mb)
+            unmount_workdir(Path(tmp))
+        except OSError as exc:
+            return f"mount refused: {exc.strerror}"
+    return None
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    """The C library, with errno kept for ctypes.get_errno."""
+    return ctypes.CDLL(None, use_errno=True)
 
 
 # seccomp: classic BPF over struct seccomp_data (nr at 0, arch at 4, args from 16, little endian)

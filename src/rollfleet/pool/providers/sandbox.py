@@ -5,7 +5,14 @@ bubblewrap (:mod:`.bwrap`: its own user, PID, network, IPC and mount namespaces,
 uid, read-only system files, no view of the host's files, processes or network), with CPU,
 address-space, file-size, open-file and process-count rlimits, a wall-clock timeout, capped output
 and a clean environment. Reset kills whatever still runs (the whole PID namespace goes with it)
-and gives the instance a fresh, empty directory.
+and empties the instance's directory.
+
+Where the host allows, the sandbox as a whole is capped too: a cgroup of its own
+(:mod:`.cgroup`: memory, tmpfs pages included, processes and CPU; a memory hog past the cap is
+OOM-killed in its own sandbox, and the run says so in :attr:`RunResult.oom_killed`), and, run by
+root, its directory is a tmpfs of ``work_mb`` (ENOSPC past it, the host's disk untouched). Where it
+does not, :class:`SandboxProvider` says so in one line at start-up and the per-process rlimits
+remain.
 
 Tests are scored by :mod:`.judge`, which runs in the sandbox too and keeps the expected values
 away from the process the solution runs in. Its report travels on its stdout, which the
@@ -20,21 +27,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
+import logging
 import os
 import resource
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field
 
 from rollfleet.errors import InvalidInput, PoolError
 from rollfleet.pool.providers import judge
@@ -43,89 +47,40 @@ from rollfleet.pool.providers.bwrap import (
     bwrap_command,
     bwrap_path,
     interpreter,
+    mount_workdir,
     namespace_pid,
     prepare_workdir,
+    sandbox_uid,
     seccomp_filter,
+    tmpfs_refusal,
+    unmount_workdir,
+)
+from rollfleet.pool.providers.cgroup import (
+    CGROUP_ROOT,
+    CgroupHost,
+    SandboxCgroup,
+    detect,
+)
+from rollfleet.pool.providers.sandbox_records import (
+    RunResult,
+    SandboxError,
+    SandboxLimits,
+    TestReport,
+    read_report,
 )
 
 JUDGE_SOURCE = Path(judge.__file__).read_text(encoding="utf-8")  # run with -c: nothing to bind
 SECCOMP_PROGRAM = seccomp_filter()  # this machine's; None where its architecture has none
+log = logging.getLogger("rollfleet.pool")
 
 
-class SandboxError(PoolError):
-    """The sandbox itself failed (it could not start, or its judge did not report): an
-    infrastructure failure, retried and counted apart, never scored."""
-
-
-class SandboxLimits(BaseModel):
-    """Resource limits applied to every process a sandbox runs."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    cpu_s: int = Field(default=10, ge=1, le=3600, description="CPU seconds per process")
-    memory_mb: int = Field(
-        default=1024, ge=64, le=65536, description="address space per process (RLIMIT_AS)"
-    )
-    wall_s: float = Field(default=30.0, gt=0, le=3600, description="wall-clock seconds per run")
-    test_s: float = Field(default=5.0, gt=0, le=600, description="wall-clock seconds per test")
-    file_mb: int = Field(
-        default=64, ge=1, le=65536, description="largest file a run may write (RLIMIT_FSIZE)"
-    )
-    tmp_mb: int = Field(
-        default=64, ge=1, le=65536, description="size of the sandbox's private /tmp (tmpfs, memory)"
-    )
-    open_files: int = Field(
-        default=256, ge=16, le=65536, description="open descriptors (RLIMIT_NOFILE)"
-    )
-    processes: int = Field(
-        default=64, ge=4, le=4096, description="processes of the sandbox user (RLIMIT_NPROC)"
-    )
-    max_output_bytes: int = Field(
-        default=1_000_000, ge=1024, le=1 << 28, description="stdout/stderr kept per run"
-    )
-    python: str = Field(default=sys.executable, description="the interpreter that runs code")
-    isolation: Literal["bwrap", "none"] = Field(
-        default="bwrap",
-        description="bwrap: bubblewrap namespaces (the default); none: rlimits only, unsafe",
-    )
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """What one run in a sandbox produced."""
-
-    stdout: str
-    stderr: str
-    exit_code: int | None
-    timed_out: bool
-    duration_s: float
-    truncated: bool = False
-
-    @property
-    def ok(self) -> bool:
-        """True when the run finished in time with exit status 0."""
-        return self.exit_code == 0 and not self.timed_out
-
-
-@dataclass(frozen=True)
-class TestReport:
-    """The judge's verdict per test (``why`` says what failed), and the raw run."""
-
-    passed: list[bool]
-    why: list[str]
-    import_error: str | None = None
-    result: RunResult | None = field(default=None, compare=False)
-
-    @property
-    def all_passed(self) -> bool:
-        """True when there was at least one test and every one passed."""
-        return bool(self.passed) and all(self.passed)
-
-
-def _rlimits(limits: SandboxLimits) -> Callable[[], None]:
-    """The preexec function that applies ``limits`` in the child before it runs anything."""
+def _preexec(limits: SandboxLimits, cgroup: SandboxCgroup | None) -> Callable[[], None]:
+    """The preexec function that moves the child into ``cgroup`` and applies ``limits`` before
+    it runs anything."""
 
     def apply() -> None:
+        if cgroup is not None:
+            cgroup.join()
         mem = limits.memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
         resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
@@ -188,15 +143,27 @@ class _Capture:
 class Sandbox:
     """One instance: a private directory in which code runs as fresh, limited processes."""
 
-    def __init__(self, path: Path, limits: SandboxLimits) -> None:
-        """Use ``path`` (which must exist) as this sandbox's directory."""
+    def __init__(
+        self,
+        path: Path,
+        limits: SandboxLimits,
+        *,
+        uid: int | None = None,
+        cgroup: SandboxCgroup | None = None,
+        mounted: bool = False,
+    ) -> None:
+        """Use ``path`` (which must exist) as this sandbox's directory; run as ``uid`` when root
+        runs it (by default from the directory's inode: pass the one taken before a tmpfs was
+        mounted on it), in ``cgroup``; ``mounted``: a tmpfs on ``path`` is this sandbox's."""
         self.path = path
         self.limits = limits
         self.isolated = limits.isolation == "bwrap"
+        self.uid = sandbox_uid(path) if uid is None else uid
+        self.cgroup, self.mounted = cgroup, mounted
         self._running: dict[int, _Started] = {}
         if self.isolated:
             self.interpreter, self._prefix = interpreter(limits.python)
-            prepare_workdir(path)
+            prepare_workdir(path, self.uid)
         else:
             self.interpreter, self._prefix = limits.python, None
         home = WORKDIR if self.isolated else str(path)
@@ -239,6 +206,7 @@ class Sandbox:
             python_prefix=self._prefix,
             info_fd=info_fd,
             seccomp_fd=seccomp_fd,
+            uid=self.uid,
         )
 
     async def run(
@@ -254,21 +222,24 @@ class Sandbox:
         info_read, info_write = os.pipe() if self.isolated else (None, None)
         program = _seccomp_pipe() if self.isolated else None
         passed = tuple(fd for fd in (info_write, program) if fd is not None)
+        ooms = self._ooms()
         try:
             proc = await asyncio.create_subprocess_exec(
                 *self.command(argv, info_write, program),
                 cwd=self.path,
                 env=self.env,
                 start_new_session=True,
-                preexec_fn=_rlimits(self.limits),
+                preexec_fn=_preexec(self.limits, self.cgroup),
                 pass_fds=passed,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
             )
-        except BaseException:
+        except BaseException as exc:
             if info_read is not None:
                 os.close(info_read)
+            if isinstance(exc, subprocess.SubprocessError):  # the preexec hook failed
+                raise SandboxError(f"sandbox {self.path}: could not start a run: {exc}") from exc
             raise
         finally:
             for fd in passed:
@@ -301,7 +272,12 @@ class Sandbox:
             timed_out=timed_out,
             duration_s=time.monotonic() - started,
             truncated=out.dropped or err.dropped,
+            oom_killed=self._ooms() > ooms,
         )
+
+    def _ooms(self) -> int:
+        """How many processes the sandbox's memory cap has killed so far (0 without a cgroup)."""
+        return 0 if self.cgroup is None else self.cgroup.counter("oom_kill")
 
     def _status(self, code: int | None) -> int | None:
         """The exit status as subprocess reports it: bubblewrap passes on a death by signal N as
@@ -347,7 +323,8 @@ class Sandbox:
             )
         stopped = (
             f"the judge was stopped while the solution ran (exit {result.exit_code},"
-            f" timed out {result.timed_out})"
+            f" timed out {result.timed_out}"
+            + (", the sandbox's memory cap killed a process)" if result.oom_killed else ")")
         )
         return TestReport(
             passed=[bool(verdicts.get(i, (False, ""))[0]) for i in range(len(tests))],
@@ -357,40 +334,46 @@ class Sandbox:
         )
 
     async def kill_all(self) -> None:
-        """Kill every process the sandbox is running now, and wait until they are gone."""
+        """Kill every process the sandbox is running now (everything in its cgroup too, where it
+        has one), and wait until they are gone."""
         running = list(self._running.values())
         for run in running:
             run.kill()
         for run in running:
             await run.proc.wait()
+        if self.cgroup is not None:
+            await asyncio.to_thread(self.cgroup.kill)
 
     def wipe(self) -> None:
-        """Empty the directory (a fresh one for the next holder)."""
-        shutil.rmtree(self.path, ignore_errors=True)
+        """Empty the directory for the next holder; the directory itself stays, and with it its
+        tmpfs and its inode, from which the sandbox's uid came (unique while it exists)."""
         self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with os.scandir(self.path) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
         if self.isolated:
-            prepare_workdir(self.path)
+            prepare_workdir(self.path, self.uid)
 
-
-def read_report(stdout: str, tests: int) -> tuple[bool, dict[int, tuple[bool, str]], str | None]:
-    """``(started, {test: (ok, why)}, import_error)`` from the judge's report lines; a line that
-    does not parse ends the report (what follows it is not the judge's)."""
-    started, verdicts, import_error = False, {}, None
-    for line in stdout.splitlines():
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError):
-            break
-        if not isinstance(record, dict):
-            break
-        if "started" in record:
-            started = record["started"] == tests
-        elif started and isinstance(record.get("test"), int) and 0 <= record["test"] < tests:
-            verdicts[record["test"]] = (record.get("ok") is True, str(record.get("why", ""))[:500])
-        elif started and "import_error" in record:
-            error = record["import_error"]
-            import_error = None if error is None else str(error)[:500]
-    return started, verdicts, import_error
+    def close(self) -> None:
+        """Remove the sandbox, once nothing runs in it: its cgroup, its tmpfs, its directory."""
+        steps: list[Callable[[], None]] = []
+        if self.mounted:  # first: the tmpfs's pages leave the cgroup's charge
+            steps.append(functools.partial(unmount_workdir, self.path))
+        if self.cgroup is not None:
+            steps.append(self.cgroup.remove)
+        failed: list[OSError] = []
+        for step in steps:
+            try:
+                step()
+            except OSError as exc:
+                failed.append(exc)
+        shutil.rmtree(self.path, ignore_errors=True)
+        if failed:
+            raise SandboxError(f"sandbox {self.path}: left behind: {failed}") from failed[0]
 
 
 def _seccomp_pipe() -> int | None:
@@ -412,14 +395,32 @@ class SandboxProvider:
 
     name = "sandbox"
 
-    def __init__(self, limits: SandboxLimits | None = None, root: str | Path | None = None) -> None:
-        """Every sandbox gets ``limits``; directories live under ``root``."""
+    def __init__(
+        self,
+        limits: SandboxLimits | None = None,
+        root: str | Path | None = None,
+        *,
+        cgroup_root: str | Path = CGROUP_ROOT,
+    ) -> None:
+        """Every sandbox gets ``limits``; directories live under ``root``; cgroups under the
+        cgroup filesystems mounted at ``cgroup_root``. Logs one line saying what caps a sandbox
+        as a whole on this host (a warning where something falls back to rlimits)."""
         self.limits = limits or SandboxLimits()
         self.root = Path(root) if root is not None else None
         if not Path(self.limits.python).exists():
             raise PoolError(f"sandbox: interpreter {self.limits.python} does not exist")
         if self.limits.isolation == "bwrap":
             bwrap_path()  # the one-line refusal, before anything starts
+        found = detect(self.limits.cgroup_limits(), Path(cgroup_root)) if self.limits.cgroup else ""
+        self.cgroups = found if isinstance(found, CgroupHost) else None
+        tmpfs_refused = (
+            tmpfs_refusal(self.limits.work_mb) if self.limits.work_tmpfs else "work_tmpfs off"
+        )
+        self.work_tmpfs = tmpfs_refused is None
+        self.host_line = _host_line(
+            self.limits, found or "switched off: cgroup = false", tmpfs_refused
+        )
+        _say(logging.INFO if self.cgroups and self.work_tmpfs else logging.WARNING, self.host_line)
 
     def preflight(self) -> None:
         """Fail now, in one line, when bubblewrap cannot make its namespaces on this machine."""
@@ -438,11 +439,35 @@ class SandboxProvider:
             )
 
     async def start(self, instance_id: str) -> Sandbox:
-        """A fresh private directory."""
+        """A fresh private directory, a tmpfs and a cgroup of its own where the host allows."""
         if self.root is not None:
             self.root.mkdir(parents=True, exist_ok=True)
         path = Path(tempfile.mkdtemp(prefix=f"rollfleet-{instance_id}-", dir=self.root))
-        return Sandbox(path, self.limits)
+        return await asyncio.to_thread(self._make, path)
+
+    def _make(self, path: Path) -> Sandbox:
+        """The sandbox in ``path``; SandboxError, leaving nothing, when its tmpfs or cgroup
+        could not be made."""
+        uid = sandbox_uid(path)  # before a tmpfs hides the directory's own inode
+        cgroup, mounted = None, False
+        try:
+            if self.work_tmpfs:
+                mount_workdir(path, self.limits.work_mb)
+                mounted = True
+            if self.cgroups is not None:
+                cgroup = self.cgroups.create(path.name, self.limits.cgroup_limits())
+            return Sandbox(path, self.limits, uid=uid, cgroup=cgroup, mounted=mounted)
+        except BaseException as exc:
+            if cgroup is not None:
+                with contextlib.suppress(OSError):
+                    cgroup.remove()
+            if mounted:
+                with contextlib.suppress(OSError):
+                    unmount_workdir(path)
+            shutil.rmtree(path, ignore_errors=True)
+            if isinstance(exc, OSError):
+                raise SandboxError(f"sandbox {path}: no tmpfs or cgroup: {exc}") from exc
+            raise
 
     async def reset(self, handle: Sandbox) -> None:
         """Kill what still runs and empty the directory."""
@@ -465,10 +490,47 @@ class SandboxProvider:
             )
 
     async def stop(self, handle: Sandbox) -> None:
-        """Kill what still runs and delete the directory."""
+        """Kill what still runs and remove the sandbox: its cgroup, its tmpfs, its directory."""
         await handle.kill_all()
-        await asyncio.to_thread(shutil.rmtree, handle.path, True)
+        await asyncio.to_thread(handle.close)
 
     def endpoint(self, handle: Sandbox) -> str:
         """The sandbox's directory."""
         return str(handle.path)
+
+
+_SAID: set[str] = set()  # start-up lines already logged: a provider is made more than once
+
+
+def _say(level: int, line: str) -> None:
+    """Log ``line`` once per process."""
+    if line not in _SAID:
+        _SAID.add(line)
+        log.log(level, line)
+
+
+def _host_line(limits: SandboxLimits, cgroups: CgroupHost | str, tmpfs_refused: str | None) -> str:
+    """The start-up line: what caps a sandbox as a whole here, or why only rlimits do."""
+    if isinstance(cgroups, CgroupHost):
+        caps = (
+            f"a cgroup per sandbox ({cgroups.describe()}): {limits.sandbox_memory_mb} MB of "
+            f"memory, {limits.processes} processes, {limits.cpus:g} CPU(s)"
+        )
+    else:
+        root_unlimited = limits.isolation == "none" and os.geteuid() == 0
+        processes = (
+            "processes not at all (root ignores RLIMIT_NPROC)"
+            if root_unlimited
+            else f"processes per uid (RLIMIT_NPROC, {limits.processes})"
+        )
+        caps = (
+            f"no writable cgroup ({cgroups}): memory is capped per process (RLIMIT_AS, "
+            f"{limits.memory_mb} MB), {processes}, CPU per process (RLIMIT_CPU, {limits.cpu_s} s)"
+        )
+    work = (
+        f"the work dir is a {limits.work_mb} MB tmpfs"
+        if tmpfs_refused is None
+        else f"the work dir is capped per file only (RLIMIT_FSIZE, {limits.file_mb} MB): "
+        f"{tmpfs_refused}"
+    )
+    return f"sandbox: {caps}; {work}"
