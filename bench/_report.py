@@ -23,11 +23,13 @@ from bench._rows_fleet import (
     wire_rows,
 )
 from bench._rows_model import (
+    capability_rows,
     engine_rows,
     hf_batching_rows,
     llama_server_rows,
     llamacpp_weights_rows,
     multimodal_rows,
+    tool_calls_rows,
     train_agent_rows,
     train_rows,
     train_sched_rows,
@@ -52,6 +54,8 @@ SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
     ("end_to_end", e2e_rows),
     ("pool", pool_rows),
     ("engines", engine_rows),
+    ("capability", capability_rows),
+    ("tool_calls", tool_calls_rows),
     ("hf_batching", hf_batching_rows),
     ("stragglers", straggler_rows),
     ("dashboard", dashboard_rows),

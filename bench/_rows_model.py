@@ -249,3 +249,40 @@ def _agent_step_rows(step: dict[str, Any] | None) -> list[str]:
         f"[docs/train.md](train.md)), median [range] of its {step['steps']} steps; "
         f"wait / train / sync {split} s | {spread(step['seconds/step'])} s | – | – |"
     ]
+
+
+def capability_rows(d: dict[str, Any]) -> list[str]:
+    """An attempt capability against the operator token it replaced, per gateway call."""
+    check, call = d["check_us"], d["call_ms"]
+
+    def cell(figure: dict[str, float], digits: int) -> str:
+        return (
+            f"{figure['median']:.{digits}f} [{figure['min']:.{digits}f}–{figure['max']:.{digits}f}]"
+        )
+
+    return [
+        f"| gateway | µs per caller check, p50 [range of {d['rounds']} alternating rounds]: an attempt "
+        f"capability (HMAC) vs the operator token | {cell(check['capability'], 2)} | "
+        f"{cell(check['token'], 2)} (token) | +{check['added']:.2f} µs (target ≤ 100) |",
+        f"| gateway | ms per `GET /v1/models` over HTTP, same rounds | {cell(call['capability'], 3)} | "
+        f"{cell(call['token'], 3)} (token) | {call['capability']['median'] / call['token']['median']:.2f}× |",
+    ]
+
+
+def tool_calls_rows(d: dict[str, Any]) -> list[str]:
+    """What reading tool calls adds to a gateway call, with 4 tools offered against none."""
+    paths, rounds = d["paths"], d["rounds"]
+
+    def row(what: str, pair: dict[str, Any]) -> str:
+        return (
+            f"| gateway | µs per call, {what}, p50 [range of {rounds} alternating rounds] | "
+            f"{spread(pair['with'])} ({d['tools']} tools) | {spread(pair['without'])} (no tools) | "
+            f"+{pair['added']:.1f} µs (target ≤ 200) |"
+        )
+
+    stream = max(paths["stream"].items(), key=lambda item: item[1]["added"])
+    return [
+        row("request body parsed and checked", paths["request"]["messages"]),
+        row("answer read for one tool call, shaped and recorded", paths["answer"]["one call"]),
+        row(f"streamed answer ({stream[0]}: the most added of 4 texts)", stream[1]),
+    ]

@@ -49,7 +49,9 @@ class TinyRenderer:
         self.im_end = self.tok.convert_tokens_to_ids("<|im_end|>")
         self.endoftext = self.tok.convert_tokens_to_ids("<|endoftext|>")
 
-    def render(self, messages: Sequence[Any], add_generation_prompt: bool) -> str:
+    def render(
+        self, messages: Sequence[Any], add_generation_prompt: bool, tools: Any = None
+    ) -> str:
         return str(
             self.tok.apply_chat_template(
                 list(messages), tokenize=False, add_generation_prompt=add_generation_prompt

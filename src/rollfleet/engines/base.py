@@ -22,6 +22,7 @@ from rollfleet.errors import EngineError
 
 if TYPE_CHECKING:
     from rollfleet.engines.continuation import PriorCall
+    from rollfleet.engines.tool_calls import ToolParse
 
 JSON = Any
 Message = dict[str, Any]
@@ -89,10 +90,16 @@ class GenerationRequest:
     # the earlier call of the same rollout attempt this one may continue token-in (the gateway
     # sets it; engines with a tokenizer of their own use it, others render the messages)
     prior: PriorCall | None = field(default=None, repr=False, compare=False)
+    # OpenAI function tools offered to the model, and how it may use them ("auto", "none",
+    # "required" or {"type": "function", "function": {"name": ...}}); see engines.tool_calls
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
             raise EngineError("a generation request needs exactly one of messages or prompt")
+        if self.tools and self.messages is None:
+            raise EngineError("tools go with chat messages, not with a completion prompt")
         if self.messages is not None and not self.images:
             object.__setattr__(self, "images", request_images(self.messages))
 
@@ -126,6 +133,8 @@ class Generation:
     weights_version: int
     reported_usage: dict[str, int] | None = None
     version_spans: tuple[tuple[int, int], ...] = ()
+    # the text read as tool calls, when the request offered tools (the gateway reads it)
+    tool_parse: ToolParse | None = None
 
     @property
     def versions(self) -> list[tuple[int, int]]:

@@ -10,6 +10,10 @@ sampled end-of-generation token, and ``gap`` is the rest of the assistant's turn
 closes it (``"\\n"`` after ChatML's ``<|im_end|>``) followed by the new messages (tool results,
 user turns) and the next assistant opener, rendered by the template as it renders them.
 
+A reply read as tool calls comes back as an assistant message with ``tool_calls``: when they
+are the calls (and content) read from the sampled text, the reply is that text, so the calls
+continue token-in too; the tools offered must be the prior call's.
+
 When that cannot hold (the agent trimmed its history, the template rewrites the past, the reply
 the agent sent back is not the one sampled), :func:`continued_prompt` returns None and the engine
 renders the whole conversation: the call starts a new training row, which the aggregation counts
@@ -20,9 +24,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from rollfleet.engines.base import Message, message_text
+from rollfleet.engines.tool_calls import same_turn
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,7 @@ class PriorCall:
     completion_ids: list[int]
     finish_reason: str
     text: str  # the reply as the engine returned it: the agent must send back exactly this
+    tools: list[dict[str, Any]] | None = None  # the tools offered with the messages
 
     @property
     def tokens(self) -> list[int]:
@@ -46,8 +52,13 @@ class PriorCall:
 class Renderer(Protocol):
     """What an engine offers to build a continued prompt (its chat template and tokenizer)."""
 
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
-        """The conversation as the chat template renders it."""
+    def render(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """The conversation as the chat template renders it, with the ``tools`` offered."""
         ...
 
     def fragment_ids(self, text: str) -> list[int]:
@@ -68,33 +79,55 @@ def _plain(messages: Sequence[Message]) -> list[Message]:
     return [{**m, "content": message_text(m.get("content"))} for m in messages]
 
 
-def continues(prior: PriorCall, messages: Sequence[Message]) -> bool:
-    """True when ``messages`` are the prior call's messages, its reply, then anything new."""
+def continues(
+    prior: PriorCall, messages: Sequence[Message], tools: list[dict[str, Any]] | None = None
+) -> bool:
+    """True when ``messages`` are the prior call's messages, its reply, then anything new, with
+    the same ``tools`` offered."""
     k = len(prior.messages)
     return (
         len(messages) > k
         and list(messages[:k]) == prior.messages
         and messages[k].get("role") == "assistant"
+        and tools == prior.tools
     )
 
 
+def _replayed(prior: PriorCall, messages: Sequence[Message]) -> list[Message] | None:
+    """``messages`` with the reply to ``prior`` as its sampled text: an assistant message with
+    ``tool_calls`` becomes that text when it holds the calls read from it (None otherwise)."""
+    k = len(prior.messages)
+    reply = messages[k]
+    if not reply.get("tool_calls"):
+        return list(messages)
+    if not same_turn(prior.text, reply):
+        return None
+    return [*messages[:k], {"role": "assistant", "content": prior.text}, *messages[k + 1 :]]
+
+
 def continued_prompt(
-    renderer: Renderer, prior: PriorCall | None, messages: Sequence[Message]
+    renderer: Renderer,
+    prior: PriorCall | None,
+    messages: Sequence[Message],
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int] | None:
     """The prompt of a call that continues ``prior`` token-in, or None when it does not continue
     it (or cannot be continued exactly: the caller renders the whole conversation)."""
     if prior is None:
         return None
-    if list(messages) == prior.messages:  # the same question asked again (a retry)
+    if list(messages) == prior.messages and tools == prior.tools:  # asked again
         return list(prior.prompt_ids)
-    if not prior.completion_ids or not continues(prior, messages):
+    if not prior.completion_ids or not continues(prior, messages, tools):
         return None
-    k = len(prior.messages)
-    plain = _plain(messages)
+    replayed = _replayed(prior, messages)
+    if replayed is None:
+        return None  # the agent sent back other calls than the ones read from the reply
+    k, tools = len(prior.messages), prior.tools
+    plain = _plain(replayed)
     try:
-        opened = renderer.render(plain[:k], True)
-        closed = renderer.render(plain[: k + 1], False)
-        whole = renderer.render(plain, True)
+        opened = renderer.render(plain[:k], True, tools)
+        closed = renderer.render(plain[: k + 1], False, tools)
+        whole = renderer.render(plain, True, tools)
     except Exception:  # a template that refuses the partial conversation: no continuation
         return None
     reply = plain[k]["content"]

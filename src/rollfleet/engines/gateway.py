@@ -31,6 +31,7 @@ from typing import Any
 from rollfleet.engines.base import Engine, Generation, GenerationRequest, StreamItem, WeightsDelta
 from rollfleet.engines.continuation import PriorCall, continues, token_in
 from rollfleet.engines.images import cannot_see
+from rollfleet.engines.tool_calls import read_tool_calls
 from rollfleet.errors import Conflict, EngineError, InvalidInput, NotFound
 from rollfleet.model import LLM_STEP, StepIn
 
@@ -140,7 +141,9 @@ class Priors:
             return request
         messages = request.messages
         for prior in reversed(self.by_attempt[attempt_id]):
-            if prior.model == model and (prior.messages == messages or continues(prior, messages)):
+            if prior.model == model and (
+                prior.messages == messages or continues(prior, messages, request.tools)
+            ):
                 return dataclasses.replace(request, prior=prior)
         return request
 
@@ -158,6 +161,7 @@ class Priors:
             list(result.completion_token_ids),
             result.finish_reason.value,
             result.text,
+            request.tools,
         )
         kept = self.by_attempt.setdefault(attempt_id, [])
         kept.append(call)
@@ -255,6 +259,7 @@ class Gateway:
         try:
             async for item in replica.engine.stream(request):
                 if isinstance(item, Generation):
+                    item = read_tool_calls(request, item)  # recorded with the calls read
                     replica.served += 1
                     self.priors.remember(request, item, attempt_id)
                     await self._record(
@@ -399,7 +404,7 @@ def step_payload(
         "continues": None if prior is None else prior.request_id,
         # token-in held: the prompt is the prior call's exact tokens and the new messages'
         "token_in": None if prior is None else token_in(prior, result.prompt_token_ids),
-        "messages": request.messages,
+        "messages": None if request.messages is None else list(request.messages),
         "prompt": request.prompt if isinstance(request.prompt, str) else None,
         "prompt_token_ids": result.prompt_token_ids,
         "completion_token_ids": result.completion_token_ids,
@@ -419,4 +424,20 @@ def step_payload(
             "top_p": params.top_p,
             "seed": params.seed,
         },
+        **_tool_payload(request, result),
+    }
+
+
+def _tool_payload(request: GenerationRequest, result: Generation) -> dict[str, Any]:
+    """What a call that offered tools adds to its Step: the tools and ``tool_choice``, the
+    calls read from the text (OpenAI's shape) and, when the text tried one that was not taken,
+    why (``tool_parse_error``)."""
+    if not request.tools:
+        return {}
+    parsed = result.tool_parse
+    return {
+        "tools": request.tools,
+        "tool_choice": request.tool_choice,
+        "tool_calls": [c.wire() for c in parsed.calls] if parsed and parsed.calls else None,
+        "tool_parse_error": parsed.error if parsed else None,
     }

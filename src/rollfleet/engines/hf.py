@@ -28,13 +28,13 @@ from rollfleet.engines.base import (
     Message,
     NamedTensors,
     WeightSource,
-    message_text,
 )
 from rollfleet.engines.buckets import DEFAULT_BUCKET_BYTES
 from rollfleet.engines.continuation import continued_prompt
 from rollfleet.engines.hf_batch import DecodeBatch
 from rollfleet.engines.threaded import STOP, Pending, ThreadedEngine
 from rollfleet.engines.tiny import tiny_hf_model as tiny_hf_model  # re-exported: its old home
+from rollfleet.engines.tool_calls import knows_tools, template_messages
 from rollfleet.errors import EngineError
 
 log = logging.getLogger("rollfleet.engines")
@@ -283,24 +283,31 @@ class HFEngine(ThreadedEngine):
         """Token ids of a request's prompt (chat template applied for messages, whose content
         parts are joined as text: a text model never sees an image, they are refused first)."""
         if request.messages is not None:
-            continued = continued_prompt(self, request.prior, request.messages)
-            return continued or self.fragment_ids(self.render(request.messages, True))
+            continued = continued_prompt(self, request.prior, request.messages, request.tools)
+            return continued or self.fragment_ids(
+                self.render(request.messages, True, request.tools)
+            )
         if isinstance(request.prompt, str):
             return list(self.tokenizer(request.prompt)["input_ids"])
         return list(request.prompt or [])
 
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
+    def render(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
         """The conversation as the tokenizer's chat template renders it (content parts joined
-        as text)."""
-        plain = [
-            {**m, "content": message_text(m.get("content"))}
-            if isinstance(m.get("content"), list)
-            else m
-            for m in messages
-        ]
+        as text), with the ``tools`` offered: ``tools=`` for a template that knows tools, else
+        the built-in Hermes section (:mod:`~rollfleet.engines.tool_calls`)."""
+        native = knows_tools(self.tokenizer.chat_template)
+        extra = {"tools": tools} if tools and native else {}
         return str(
             self.tokenizer.apply_chat_template(
-                plain, tokenize=False, add_generation_prompt=add_generation_prompt
+                template_messages(messages, tools, native),
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                **extra,
             )
         )
 

@@ -303,9 +303,9 @@ class _Scheduler:
 
     def _prompt_ids(self, request: GenerationRequest) -> list[int]:
         if request.messages is not None:
-            ids = continued_prompt(self.llm, request.prior, request.messages) or self.llm.tokenize(
-                self.llm.template.render(request.messages)
-            )
+            ids = continued_prompt(
+                self.llm, request.prior, request.messages, request.tools
+            ) or self.llm.tokenize(self.llm.template.render(request.messages, True, request.tools))
         elif isinstance(request.prompt, str):
             ids = self.llm.tokenize(request.prompt)
         else:

