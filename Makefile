@@ -36,8 +36,8 @@ test: $(STAMP)
 
 # ruff (rules and line length in pyproject.toml) and mypy --strict over the package.
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff format --check src tests bench examples
 	$(BIN)/mypy src
 
 bench: $(STAMP)

@@ -28,13 +28,24 @@ def one_task(data: Path) -> None:
     data.write_text(ONE_TASK)
 
 
+def model_dir(data: Path, *files: str) -> None:
+    """One task, and beside it a directory ``model`` holding ``files``: a transformers
+    config.json of a Llama, the others empty."""
+    one_task(data)
+    model = data.with_name("model")
+    model.mkdir()
+    for name in files:
+        text = '{"model_type": "llama"}' if name == "config.json" else ""
+        (model / name).write_text(text)
+
+
 @pytest.mark.parametrize(
     ("make", "args", "message"),
     [
         (
             one_task,
             ["--mode", "nope"],
-            "--mode 'nope': choose one of",
+            "unknown mode 'nope'; the modes are",
         ),
         (lambda d: d.write_text(""), ["--mode", "math"], "no tasks in the file"),
         (
@@ -105,6 +116,46 @@ def one_task(data: Path) -> None:
             ["--mode", "math", "--lora-rank", "-1"],
             "--lora-rank must be 0",
         ),
+        (
+            one_task,
+            ["--mode", "math", "--model", "HuggingFaceTB/SmolLM2-135M-Instruct"],
+            "--model HuggingFaceTB/SmolLM2-135M-Instruct: no such local file or directory",
+        ),
+        (
+            one_task,
+            ["--mode", "math", "--model", "MODEL"],
+            "model: no such local file or directory (train downloads nothing",
+        ),
+        (
+            lambda d: model_dir(d, "model.safetensors"),
+            ["--mode", "math", "--model", "MODEL"],
+            "model: a directory without config.json",
+        ),
+        (
+            lambda d: model_dir(d, "config.json"),
+            ["--mode", "math", "--model", "MODEL", "--engine", "hf"],
+            "model: no weights beside config.json",
+        ),
+        (
+            lambda d: model_dir(d, "config.json", "model.safetensors"),
+            ["--mode", "math", "--model", "MODEL"],
+            "the llama.cpp engine serves GGUF files only",
+        ),
+        (
+            lambda d: model_dir(d, "config.json", "model.safetensors"),
+            ["--mode", "math", "--model", "MODEL", "--engine", "hf"],
+            "model: its tokenizer has no chat template",
+        ),
+        (
+            lambda d: (one_task(d), d.with_name("model").write_text("not a GGUF\n")),
+            ["--mode", "math", "--model", "MODEL", "--engine", "hf"],
+            "model: not a GGUF file",
+        ),
+        (
+            lambda d: (one_task(d), d.with_name("model").write_bytes(b"GGUF")),
+            ["--mode", "math", "--model", "MODEL", "--trainer", "trl"],
+            "--model: --trainer trl trains the bundled model only",
+        ),
     ],
 )
 def test_bad_input_is_one_clear_line_and_writes_nothing(
@@ -113,7 +164,8 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(
     data = tmp_path / "tasks.jsonl"
     make(data)
     out = tmp_path / "out"
-    args = [str(tmp_path / "eval.jsonl") if a == "EVAL" else a for a in args]
+    paths = {"EVAL": str(tmp_path / "eval.jsonl"), "MODEL": str(tmp_path / "model")}
+    args = [paths.get(a, a) for a in args]
     done = train("--data", str(data), "--output-dir", str(out), *args)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr, done.stderr

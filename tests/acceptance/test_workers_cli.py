@@ -83,7 +83,7 @@ def test_broken_agent_is_one_clear_error(tmp_path: Path) -> None:
         timeout=60,
     )
     assert result.returncode == 2
-    assert "cannot import module 'rollfleet.agents.nope'" in result.stderr
+    assert "cannot import rollfleet.agents.nope" in result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -109,7 +109,7 @@ async def test_class_agents_and_dict_results(store: SqlStore) -> None:
 @pytest.mark.parametrize(
     ("ref", "message"),
     [
-        ("no_such_module_xyz:agent", "cannot import module"),
+        ("no_such_module_xyz:agent", "cannot import no_such_module_xyz"),
         ("runner_agents:missing", "has no attribute 'missing'"),
         ("runner_agents:not_async", "must be an async function"),
         ("runner_agents:one_arg", "must take two arguments"),

@@ -91,7 +91,10 @@ def test_mode_checks(mode: str, task: dict, message: str) -> None:
 
 
 def test_unknown_mode() -> None:
-    with pytest.raises(InvalidInput, match="the modes are math, py, rag, web, osworld"):
+    with pytest.raises(
+        InvalidInput,
+        match="the modes are lookup, math, osworld, py, rag, reasoning-gym, web, or module:factory",
+    ):
         get_mode("chess")
 
 

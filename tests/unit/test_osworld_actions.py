@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from rollfleet.envs import check_observation, desktop_options, get_mode
+from rollfleet.envs import check_observation, get_mode
 from rollfleet.envs.base import Observation
-from rollfleet.envs.osworld import OSWorldMode, OSWorldSession
+from rollfleet.envs.osworld import OSWorldMode, OSWorldSession, desktop_options
 from rollfleet.errors import InvalidInput
 from rollfleet.pool.providers.desktop import DesktopEnvStandIn
 from rollfleet.pool.providers.pyautogui_code import RefusedCode, parse
@@ -238,7 +238,7 @@ def test_observation_option_is_checked_per_mode() -> None:
     with pytest.raises(InvalidInput, match="web takes text, screenshot, both"):
         check_observation("web", "a11y_tree")
     with pytest.raises(
-        InvalidInput, match="--observation is for the web and osworld modes, not 'math'"
+        InvalidInput, match="--observation is for the osworld and web modes, not 'math'"
     ):
         get_mode("math", "screenshot")
 

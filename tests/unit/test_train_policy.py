@@ -104,3 +104,19 @@ def test_a_checkpoint_restores_weights_and_optimizer_and_refuses_other_settings(
 
     with pytest.raises(InvalidInput, match=r"other settings: lr 0\.01 \(now 0\.02\)"):
         checkpoint.load(root, fresh.model, fresh.optimizer, {**settings, "lr": 0.02})
+    # a setting only one side has (a newer run's --agent) differs too, named
+    with pytest.raises(InvalidInput, match=r"other settings: agent None \(now 'mine:agent'\)"):
+        checkpoint.load(root, fresh.model, fresh.optimizer, {**settings, "agent": "mine:agent"})
+
+
+def test_a_run_at_the_defaults_of_newer_settings_resumes_an_older_checkpoint() -> None:
+    """``--agent`` and ``--model`` came after checkpoints did: at their defaults they are left out
+    of the fingerprint (what an older checkpoint holds), set otherwise."""
+    from rollfleet.run.train import TrainOptions
+
+    plain = TrainOptions(mode="math", data=Path("a.jsonl"), output_dir=Path("out"))
+    assert "agent" not in plain.fingerprint() and "model" not in plain.fingerprint()
+    custom = TrainOptions(
+        mode="math", data=Path("a.jsonl"), output_dir=Path("out"), agent="mine:agent"
+    )
+    assert custom.fingerprint()["agent"] == "mine:agent"

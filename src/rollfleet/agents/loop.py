@@ -37,9 +37,11 @@ from rollfleet.envs import get_mode
 from rollfleet.envs.base import (
     Observation,
     Session,
+    Transcript,
     first_observation,
     image_part,
     observation_of,
+    score_of,
     turn_reward,
 )
 from rollfleet.errors import AgentError, EngineError
@@ -167,8 +169,13 @@ class Turn:
     ) -> tuple[Any, str]:
         import openai
 
+        # The tools reach the model as text in the system prompt (tool_instructions), and its
+        # calls are read from its text: the protocol the bundled model learned on. A served
+        # model (--engine URL, settings.model set) gets them as OpenAI `tools=` too and may
+        # answer with native tool_calls; the gateway's own tool section (engines/tool_calls.py)
+        # is left out for the bundled model, whose prompt it would change.
         kwargs: dict[str, Any] = {}
-        if self.session.tools:
+        if self.session.tools and self.settings.model:
             kwargs["tools"] = [t.openai() for t in self.session.tools]
         started = time.perf_counter()
         try:
@@ -254,7 +261,7 @@ async def agent(input: Any, ctx: Any) -> RolloutResult:
         {"role": "system", "content": system},
         task_message(mode.user_prompt(input), first_observation(session)),
     ]
-    usage, answer = Usage(), ""
+    usage, answer, transcript = Usage(), "", Transcript(messages)
     turn_runner = Turn(ctx, session, settings, usage)
     for turn in range(settings.max_turns):
         if ctx.cancelled:
@@ -276,6 +283,7 @@ async def agent(input: Any, ctx: Any) -> RolloutResult:
                     "images": len(seen[-1][1].images),
                 }
             )
+            transcript.calls.append({"turn": turn, **observations[-1]})
             messages.append(_observation(call, seen[-1][1].text))
         messages.extend(_screenshots(seen))
         shaped = await turn_reward(session, text, observations)
@@ -300,7 +308,7 @@ async def agent(input: Any, ctx: Any) -> RolloutResult:
         if ended:  # the environment's episode is over (e.g. the agent called done or fail)
             answer = ended[-1]
             break
-    score = await session.score(answer)
+    score = await score_of(session, answer, transcript)
     ctx.emit(
         "reward",
         {"reward": score.reward, "correct": score.correct, "answer": answer, **score.details},

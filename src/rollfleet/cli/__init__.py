@@ -19,9 +19,9 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from rollfleet.cli import demo, store_cmds, workers
+    from rollfleet.cli import demo, store_cmds, tasks, workers
 
-    for module in (store_cmds, workers, demo):
+    for module in (store_cmds, workers, demo, tasks):
         module.register(app)
     for optional in ("gateway", "pool", "run", "batches", "train"):
         try:

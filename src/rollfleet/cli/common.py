@@ -61,14 +61,25 @@ def fmt_age(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
-def job_start(mode: str, verbose: bool) -> None:
-    """What a job command (``run``, ``train``) checks and sets first: a known ``--mode``, and
-    lifecycle logs only with ``--verbose``."""
-    from rollfleet.envs import MODES
-    from rollfleet.errors import InvalidInput
+AGENT_HELP = (
+    "the agent every rollout runs: module:function or file.py:function, async (input, ctx); "
+    "what it asks ctx.llm is recorded, and trained on (default: the built-in loop agent)"
+)
+MODE_HELP = (
+    "a built-in mode (math, py, rag, web, osworld, lookup, reasoning-gym), one a package "
+    "registers, or module:factory / file.py:factory for your own (docs/environments.md)"
+)
+
+
+def job_start(mode: str, verbose: bool) -> str:
+    """What a job command (``run``, ``train``) checks and sets first: a ``--mode`` that loads
+    (returned with a file path made absolute, as runner processes need it), and lifecycle logs
+    only with ``--verbose``."""
+    from rollfleet.envs.registry import factory_of
+    from rollfleet.refs import absolute
 
     if not verbose:
         for name in ("rollfleet", "gguf", "matplotlib"):  # gguf: a line per weights export
             logging.getLogger(name).setLevel(logging.WARNING)
-    if mode not in MODES:
-        raise InvalidInput(f"--mode {mode!r}: choose one of {', '.join(MODES)}")
+    factory_of(mode)  # InvalidInput naming the known modes, or why a module:factory fails
+    return absolute(mode)

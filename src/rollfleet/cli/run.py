@@ -9,10 +9,10 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from rollfleet.cli.common import console, job_start
-from rollfleet.envs import MODES
+from rollfleet.cli.common import AGENT_HELP, MODE_HELP, console, job_start
+from rollfleet.refs import absolute
 from rollfleet.run import RunOptions, run
-from rollfleet.run.orchestrate import DEFAULT_ROLLOUTS
+from rollfleet.run.orchestrate import AGENT, DEFAULT_ROLLOUTS
 
 DEFAULT_OUTPUT = "results"
 
@@ -58,7 +58,7 @@ def print_summary(summary: dict[str, Any]) -> None:
 
 
 def run_command(
-    mode: str = typer.Option(..., "--mode", help=f"environment: {', '.join(MODES)}"),
+    mode: str = typer.Option(..., "--mode", help=MODE_HELP),
     data: str = typer.Option(..., "--data", help="tasks: a .jsonl file, or a .json list"),
     num_rollouts: int = typer.Option(
         DEFAULT_ROLLOUTS, "--num-rollouts", help="N: rollouts running at once"
@@ -142,10 +142,11 @@ def run_command(
         "--unsafe-sandbox",
         help="py: run model-written code without bubblewrap (rlimits only; for code you trust)",
     ),
+    agent: str = typer.Option(AGENT, "--agent", help=AGENT_HELP),
     verbose: bool = typer.Option(False, "--verbose", help="log every lifecycle event"),
 ) -> None:
     """Run every task of --data in --mode with N parallel rollouts; resumable; writes OUTPUT/."""
-    job_start(mode, verbose)
+    mode = job_start(mode, verbose)
     desktop = {
         "path_to_vm": path_to_vm,
         "provider_name": provider_name,
@@ -180,6 +181,7 @@ def run_command(
         engine_threads=engine_threads,
         keep_quant=keep_quant,
         observation=observation,
+        agent=absolute(agent),
     )
     try:
         summary = asyncio.run(run(opts, console))

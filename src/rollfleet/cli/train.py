@@ -1,4 +1,5 @@
-"""``rollfleet train``: GRPO through the fleet on the bundled SmolLM2 (docs/train.md)."""
+"""``rollfleet train``: GRPO through the fleet on a local model, the bundled SmolLM2 by default
+(docs/train.md)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ from pathlib import Path
 
 import typer
 
-from rollfleet.cli.common import console, job_start
-from rollfleet.envs import MODES
+from rollfleet.cli.common import AGENT_HELP, MODE_HELP, console, job_start
+from rollfleet.refs import absolute
+from rollfleet.run.orchestrate import AGENT
 
 
 def train_command(
-    mode: str = typer.Option(..., "--mode", help=f"the environment: {', '.join(MODES)}"),
+    mode: str = typer.Option(..., "--mode", help=MODE_HELP),
     data: Path = typer.Option(..., "--data", help="training tasks, .json or .jsonl"),
     eval_data: Path | None = typer.Option(
         None, "--eval-data", help="held-out tasks answered greedily every --eval-every steps"
@@ -53,19 +55,27 @@ def train_command(
     engine: str = typer.Option(
         "llamacpp", "--engine", help="what serves the policy: llamacpp or hf (transformers)"
     ),
+    model: Path | None = typer.Option(
+        None,
+        "--model",
+        help="a local GGUF file or transformers model directory (config.json and weights) to "
+        "train (default: the bundled SmolLM2-135M); nothing is downloaded",
+    ),
     engine_threads: int | None = typer.Option(
         None, "--engine-threads", help="llama.cpp threads (default: every core)"
     ),
     output_dir: Path = typer.Option(
         Path("train-out"), "--output-dir", help="store, checkpoints, metrics.jsonl, reward.png"
     ),
+    agent: str = typer.Option(AGENT, "--agent", help=AGENT_HELP),
     verbose: bool = typer.Option(False, "--verbose", help="log every lifecycle event"),
 ) -> None:
-    """Train the bundled model with GRPO on --data in --mode; the same command resumes it."""
+    """Train a model (--model, default the bundled one) with GRPO on --data in --mode; the same
+    command resumes it."""
     from rollfleet.errors import InvalidInput
     from rollfleet.run.train import TrainOptions, train
 
-    job_start(mode, verbose)
+    mode = job_start(mode, verbose)
     if lora_rank < 0:
         raise InvalidInput(f"--lora-rank must be 0 (full fine-tuning) or more, got {lora_rank}")
     opts = TrainOptions(
@@ -84,6 +94,7 @@ def train_command(
         eval_data=eval_data,
         eval_every=eval_every,
         engine=engine,
+        model=model,
         max_turns=max_turns,
         estimator=estimator,
         kl_coef=kl_coef,
@@ -92,10 +103,13 @@ def train_command(
         mask_truncated=mask_truncated,
         eval_samples=eval_samples,
         report_to=report_to,
+        agent=absolute(agent),
         extra={"engine_threads": engine_threads} if engine_threads else {},
     )
     if trainer not in ("builtin", "trl"):
         raise InvalidInput(f"--trainer {trainer!r}: choose builtin or trl")
+    if trainer == "trl" and model is not None:
+        raise InvalidInput("--model: --trainer trl trains the bundled model only; drop --model")
     try:
         if trainer == "trl":
             from rollfleet.run.trl import train_with_trl

@@ -9,6 +9,7 @@ for ``py`` and ``osworld``, from running it); nothing is hard-coded.
 from __future__ import annotations
 
 import base64
+import inspect
 import math
 import re
 import string
@@ -17,8 +18,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from rollfleet.errors import InvalidInput
-from rollfleet.pool.base import Instance
+from rollfleet.pool.base import EnvSource, Instance
 
 ToolFn = Callable[[dict[str, Any]], Awaitable[str]]
 
@@ -92,6 +95,16 @@ class Score:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Transcript:
+    """The whole rollout a session scores: the conversation as the model saw it (``messages``:
+    system, user, assistant and observation turns) and every tool call in order (``calls``:
+    ``turn``, ``tool``, ``args``, ``observation``)."""
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
+
 class Session(Protocol):
     """One rollout's view of an environment.
 
@@ -107,13 +120,45 @@ class Session(Protocol):
         """Run a tool and return its observation (text, or an Observation with screenshots)."""
         ...
 
-    async def score(self, answer: str) -> Score:
-        """Compute the reward of a final answer."""
+    async def score(self, answer: str, transcript: Transcript | None = None) -> Score:
+        """Compute the reward of a final answer, seeing the whole ``transcript`` (a session
+        written as ``score(self, answer)`` is called with the answer alone)."""
         ...
 
 
+class EnvSpec(BaseModel):
+    """What environment a runner process provides (sent to it as JSON); a mode reads the
+    fields it needs in its ``env_source``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mode: str
+    use_pool: bool = Field(
+        default=False, description="share num_instances among the process's rollouts"
+    )
+    num_instances: int = Field(default=3, ge=1)
+    corpus: str | None = None
+    site: str | None = None
+    sandbox: dict[str, Any] = Field(default_factory=dict, description="SandboxLimits fields")
+    desktop: dict[str, Any] = Field(default_factory=dict, description="DesktopOptions fields")
+    standin: bool = Field(
+        default=False, description="desktop: DesktopEnvStandIn instead of OSWorld (tests)"
+    )
+
+
 class Mode(Protocol):
-    """A task family: checks tasks, writes prompts, opens sessions."""
+    """A task family: checks tasks, writes prompts, opens sessions.
+
+    Optional, read with :func:`env_source_of`, :func:`preflight_of` and
+    :func:`shares_process`: ``env_source(spec, concurrency) -> EnvSource | None`` (what
+    ``ctx.env`` a runner process gives the mode's rollouts; none without it),
+    ``preflight(spec, local) -> None`` (fail fast, in one line, when the environment cannot exist
+    on this machine), ``shares_process: bool`` (False: one runner process per rollout, for
+    environments that use this machine's CPU or do things to their process; True without it),
+    ``pools_instances: bool`` (its environments come from a pool that ``--use-vm-pool`` shares
+    among one process's rollouts), and ``observations`` (the ``--observation`` choices, the
+    first the default).
+    """
 
     name: str
     uses_tools: bool  # its sessions offer tools: an answer may take more than one turn
@@ -135,6 +180,25 @@ class Mode(Protocol):
         ...
 
 
+def env_source_of(mode: Mode, spec: EnvSpec, concurrency: int = 1) -> EnvSource | None:
+    """The EnvSource a mode's rollouts get in a runner process (None: no ``ctx.env``)."""
+    make = getattr(mode, "env_source", None)
+    return None if make is None else make(spec, concurrency)
+
+
+def preflight_of(mode: Mode, spec: EnvSpec, local: bool) -> None:
+    """Run a mode's preflight check, if it has one (``local``: runners start on this machine,
+    without a remote control plane hosting the environment)."""
+    check = getattr(mode, "preflight", None)
+    if check is not None:
+        check(spec, local)
+
+
+def shares_process(mode: Mode) -> bool:
+    """Whether a mode's rollouts may share one runner process."""
+    return bool(getattr(mode, "shares_process", True))
+
+
 async def turn_reward(session: Session, text: str, calls: list[dict[str, Any]]) -> float:
     """The reward a session gives one turn (its reply ``text`` and its ``calls``: tool, args,
     observation), from its optional ``turn_reward`` method; 0.0 for sessions without one.
@@ -146,6 +210,16 @@ async def turn_reward(session: Session, text: str, calls: list[dict[str, Any]]) 
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
         raise InvalidInput(f"turn_reward returned {value!r}: a finite number is needed")
     return float(value)
+
+
+async def score_of(session: Session, answer: str, transcript: Transcript) -> Score:
+    """The session's score of ``answer``, given the transcript when its ``score`` takes one."""
+    method = session.score
+    try:
+        takes = len(inspect.signature(method).parameters) >= 2
+    except (TypeError, ValueError):
+        takes = True
+    return await (method(answer, transcript) if takes else method(answer))
 
 
 def first_observation(session: Session) -> Observation | None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rollfleet.envs.base import Score, Tool, require_fields
+from rollfleet.envs.base import Score, Tool, Transcript, require_fields
 from rollfleet.errors import InvalidInput
 
 MAX_ENTRIES = 64
@@ -108,7 +108,7 @@ class LookupSession:
         self.called_right_key = self.called_right_key or found == self.key
         return f"{found}: {self.table[found]}"
 
-    async def score(self, answer: str) -> Score:
+    async def score(self, answer: str, transcript: Transcript | None = None) -> Score:
         """The code in the answer, else partial credit for having looked up the right key."""
         return lookup_reward(answer, self.key, self.table, self.called_right_key)
 

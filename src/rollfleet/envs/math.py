@@ -11,7 +11,7 @@ import re
 from fractions import Fraction
 from typing import Any
 
-from rollfleet.envs.base import Score, Tool, require_fields
+from rollfleet.envs.base import Score, Tool, Transcript, require_fields
 from rollfleet.errors import InvalidInput
 
 _NUMBER = r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+"
@@ -66,7 +66,7 @@ class MathSession:
         """Math offers no tools."""
         return f"error: there is no tool named {name!r}; answer directly"
 
-    async def score(self, answer: str) -> Score:
+    async def score(self, answer: str, transcript: Transcript | None = None) -> Score:
         """Exact numeric match on the final number."""
         return math_reward(answer, self.answer)
 

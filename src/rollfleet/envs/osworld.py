@@ -23,9 +23,18 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from rollfleet.envs.base import Observation, Score, Tool, handle_of, require_fields
+from rollfleet.envs.base import (
+    EnvSpec,
+    Observation,
+    Score,
+    Tool,
+    Transcript,
+    handle_of,
+    require_fields,
+)
 from rollfleet.envs.computer13 import COMPUTER_13_TOOLS, CONTROL, CONTROL_TOOLS, to_action
 from rollfleet.errors import InvalidInput, PoolError
+from rollfleet.pool.base import EnvSource
 from rollfleet.pool.providers.pyautogui_code import RefusedCode, parse
 
 OBSERVATION_LIMIT = 4000
@@ -129,7 +138,7 @@ class OSWorldSession:
             self.ended, done = str(action), True
         return self.view(obs, bool(done))
 
-    async def score(self, answer: str) -> Score:
+    async def score(self, answer: str, transcript: Transcript | None = None) -> Score:
         """End the episode (DONE, or FAIL when the answer says so) unless the agent did, then
         run the task's evaluator on the VM."""
         if self.ended is None:
@@ -143,11 +152,43 @@ class OSWorldSession:
         )
 
 
+def desktop_options(desktop: dict[str, Any]) -> Any:
+    """The OSWorld options (``DesktopOptions``) from ``--provider-name`` and the others;
+    InvalidInput naming the flag and what it takes, never a validation traceback."""
+    from pydantic import ValidationError
+
+    from rollfleet.pool import DesktopOptions
+
+    try:
+        return DesktopOptions(**desktop)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = str(first["loc"][0]) if first["loc"] else "desktop"
+        said = first["msg"].replace("Input should be", "must be")
+        flag = f"--{name.replace('_', '-')}"
+        raise InvalidInput(f"{flag} {desktop.get(name, '')!r}: {said}") from None
+
+
+def desktop_provider(spec: EnvSpec) -> Any:
+    """The desktop provider for ``spec`` (the stand-in, for tests, when ``spec.standin``)."""
+    from rollfleet.pool import DesktopEnvStandIn, DesktopProvider
+
+    options = desktop_options(spec.desktop)
+    if spec.standin:
+        return DesktopProvider(
+            options, env_class=DesktopEnvStandIn, which=lambda tool: f"/standin/{tool}"
+        )
+    return DesktopProvider(options)
+
+
 class OSWorldMode:
     """OSWorld tasks on VMs leased from the desktop pool."""
 
     name = "osworld"
     uses_tools = True
+    observations = OBSERVATIONS
+    pools_instances = True  # --use-vm-pool shares num_instances among one process's rollouts
+    shares_process = False  # one runner process per rollout, unless a pool shares the VMs
 
     def __init__(self, observation: str | None = None) -> None:
         """Show the model ``observation`` (default ``screenshot``)."""
@@ -187,3 +228,20 @@ class OSWorldMode:
             raise PoolError("osworld mode needs a desktop leased from the pool as ctx.env")
         first = await asyncio.to_thread(desktop.reset, task_config=task)
         return OSWorldSession(task, desktop, self.view, first)
+
+    def env_source(self, spec: EnvSpec, concurrency: int) -> EnvSource:
+        """VMs from the desktop provider, one per rollout or a pool of ``num_instances``."""
+        from rollfleet.pool import env_source
+
+        return env_source(
+            desktop_provider(spec),
+            use_pool=spec.use_pool,
+            num_instances=spec.num_instances,
+            concurrency=concurrency,
+            pool_name="osworld",
+        )
+
+    def preflight(self, spec: EnvSpec, local: bool) -> None:
+        """Without a remote control plane, a hypervisor (or the stand-in) must be here."""
+        if local:
+            desktop_provider(spec).preflight()

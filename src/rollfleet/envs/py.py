@@ -19,8 +19,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rollfleet.envs.base import Score, Tool, handle_of, require_fields
+from rollfleet.envs.base import EnvSpec, Score, Tool, Transcript, handle_of, require_fields
 from rollfleet.errors import InvalidInput, PoolError
+from rollfleet.pool.base import EnvSource
 from rollfleet.pool.providers.judge import check_test
 from rollfleet.pool.providers.sandbox import Sandbox
 
@@ -77,7 +78,7 @@ class PySession:
         )
         return text[:OBSERVATION_LIMIT]
 
-    async def score(self, answer: str) -> Score:
+    async def score(self, answer: str, transcript: Transcript | None = None) -> Score:
         """Fraction of the task's tests that pass."""
         return await run_py_tests(self.sandbox, extract_code(answer), list(self.task["tests"]))
 
@@ -87,6 +88,8 @@ class PyMode:
 
     name = "py"
     uses_tools = True
+    pools_instances = True  # --use-vm-pool shares num_instances among one process's rollouts
+    shares_process = False  # one runner process per rollout, unless a pool shares sandboxes
 
     def check(self, task: Any, where: str) -> None:
         """``prompt``, ``entry_point`` and a list of test expressions that compile."""
@@ -133,3 +136,25 @@ class PyMode:
         if not isinstance(sandbox, Sandbox):
             raise PoolError("py mode needs a sandbox from the pool (ctx.env holds none)")
         return PySession(task, sandbox)
+
+    def env_source(self, spec: EnvSpec, concurrency: int) -> EnvSource:
+        """Sandboxes, one per rollout or a pool of ``num_instances``."""
+        from rollfleet.pool import env_source
+
+        return env_source(
+            self._provider(spec),
+            use_pool=spec.use_pool,
+            num_instances=spec.num_instances,
+            concurrency=concurrency,
+            pool_name="py",
+        )
+
+    def preflight(self, spec: EnvSpec, local: bool) -> None:
+        """bubblewrap must be able to make its namespaces here (not checked for
+        ``--unsafe-sandbox``)."""
+        self._provider(spec).preflight()
+
+    def _provider(self, spec: EnvSpec) -> Any:
+        from rollfleet.pool import SandboxLimits, SandboxProvider
+
+        return SandboxProvider(SandboxLimits(**spec.sandbox))

@@ -17,7 +17,17 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from rollfleet.envs.base import Score, Tool, handle_of, normalize_answer, require_fields, token_f1
+from rollfleet.envs.base import (
+    EnvSpec,
+    Score,
+    StaticEnv,
+    Tool,
+    Transcript,
+    handle_of,
+    normalize_answer,
+    require_fields,
+    token_f1,
+)
 from rollfleet.errors import InvalidInput, PoolError
 
 _WORD = re.compile(r"\w+")
@@ -125,7 +135,7 @@ class RagSession:
             return text if text is not None else f"error: no document {args.get('doc_id')!r}"
         return f"error: unknown tool {name!r}; the tools are search and read"
 
-    async def score(self, answer: str) -> Score:
+    async def score(self, answer: str, transcript: Transcript | None = None) -> Score:
         """Exact match / F1 against the gold answers."""
         return rag_reward(answer, list(self.task["answers"]))
 
@@ -160,3 +170,8 @@ class RagMode:
         if not isinstance(index, RagIndex):
             raise PoolError("rag mode needs the corpus index as ctx.env")
         return RagSession(task, index)
+
+    def env_source(self, spec: EnvSpec, concurrency: int) -> StaticEnv:
+        """The corpus index, shared by every rollout of the runner process."""
+        index = RagIndex(spec.corpus)
+        return StaticEnv(index, "rag", on_close=index.close)

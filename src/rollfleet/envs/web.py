@@ -25,9 +25,12 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 
 from rollfleet.envs.base import (
+    EnvSpec,
     Observation,
     Score,
+    StaticEnv,
     Tool,
+    Transcript,
     handle_of,
     normalize_answer,
     require_fields,
@@ -245,7 +248,7 @@ class WebSession:
             text = f"{title} ({urlsplit(self.browser.url).path}); its screenshot follows"
         return Observation(text, (png,))
 
-    async def score(self, answer: str) -> Score:
+    async def score(self, answer: str, transcript: Transcript | None = None) -> Score:
         """Exact match against the task's answer."""
         return web_reward(answer, str(self.task["answer"]))
 
@@ -255,6 +258,8 @@ class WebMode:
 
     name = "web"
     uses_tools = True
+    observations = OBSERVATIONS
+    shares_process = False  # its browser runs beside the rollout: one runner process each
 
     def __init__(self, observation: str | None = None) -> None:
         """Show the model ``observation`` (``text``, ``screenshot`` or ``both``; default text)."""
@@ -296,3 +301,15 @@ class WebMode:
         if not isinstance(site, WebSite):
             raise PoolError("web mode needs the served site as ctx.env")
         return WebSession(task, site, self.observation)
+
+    def env_source(self, spec: EnvSpec, concurrency: int) -> StaticEnv:
+        """The site, served once per runner process."""
+        site = WebSite(spec.site).start()
+        return StaticEnv(site, "web", endpoint=site.url, on_close=site.close)
+
+    def preflight(self, spec: EnvSpec, local: bool) -> None:
+        """Screenshots need the machine's Chromium."""
+        if local and self.observation in ("screenshot", "both"):
+            from rollfleet.envs.web_render import find_chromium
+
+            find_chromium()

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -30,28 +31,18 @@ from rich.console import Console
 
 from rollfleet.client import connect
 from rollfleet.compose import control_plane_parts
-from rollfleet.envs import (
-    EnvSpec,
-    check_observation,
-    desktop_options,
-    desktop_provider,
-    get_mode,
-)
+from rollfleet.envs import EnvSpec, Mode, check_observation, get_mode, preflight_of, shares_process
 from rollfleet.errors import AgentError, InvalidInput, RollfleetError
 from rollfleet.model import ACTIVE_ROLLOUT, TERMINAL_ROLLOUT, Rollout, RolloutStatus
 from rollfleet.run.outputs import claim_output_dir, summarize, trajectory, write_outputs
 from rollfleet.run.progress import RunProgress
-from rollfleet.run.tasks import build_specs, load_tasks, run_key
+from rollfleet.run.tasks import build_specs, load_tasks, mode_label, run_key
 from rollfleet.runner.local import LocalFleet
 from rollfleet.server.embedded import ServerThread
 from rollfleet.store.base import Store, read_all
 
 log = logging.getLogger("rollfleet.run")
 AGENT = "rollfleet.agents.loop:agent"
-# Modes whose environment costs nothing on this machine: rollouts only wait on the engine, so
-# the engine gets every core and one runner process runs them all (8 processes, one rollout
-# each, spent 5 s starting and 28.0 s in all for the demo; one process 22.8 s: bench/run.py).
-LIGHT_MODES = ("math", "rag", "lookup")
 DEFAULT_ROLLOUTS = 8
 POLL_S = 0.25
 
@@ -84,9 +75,13 @@ class RunOptions:
     engine_threads: int | None = None
     keep_quant: bool = False
     observation: str | None = None
+    agent: str = AGENT  # module:function or file.py:function: the agent every rollout runs
 
     def check(self) -> None:
-        """Refuse impossible numbers before anything starts."""
+        """Refuse impossible numbers, and an agent that does not load, before anything starts."""
+        from rollfleet.runner.agent import load_agent
+
+        load_agent(self.agent)
         for name in ("num_rollouts", "num_vms", "max_turns", "samples_per_task", "max_tokens"):
             if getattr(self, name) < 1:
                 raise InvalidInput(
@@ -95,6 +90,8 @@ class RunOptions:
         if self.engine_threads is not None and not 1 <= self.engine_threads <= 1024:
             raise InvalidInput(f"--engine-threads must be 1 to 1024, got {self.engine_threads}")
         if self.mode == "osworld":
+            from rollfleet.envs.osworld import desktop_options
+
             desktop_options(self.desktop)  # InvalidInput naming a bad --provider-name & co.
         check_observation(self.mode, self.observation)
         if self.max_retries < 0:
@@ -133,6 +130,10 @@ class RunOptions:
         shown = "a11y_tree" in (self.observation or "screenshot")
         return {**self.desktop, "require_a11y_tree": shown}
 
+    def load_mode(self) -> Mode:
+        """The ``--mode`` (with ``--observation``): InvalidInput naming what is wrong."""
+        return get_mode(self.mode, self.observation)
+
     def env_spec(self) -> EnvSpec:
         """The ``ctx.env`` runners give rollouts."""
         return EnvSpec(
@@ -168,39 +169,31 @@ class Startup:
         self.ready[part] = round((time.monotonic() if at is None else at) - self.origin, 3)
 
 
-def engine_threads(mode: str) -> int:
-    """llama.cpp threads for the embedded engine: every core when the mode's environment costs
-    no CPU here (math, rag: the runners mostly wait on the engine), all but one when it runs
-    programs on this machine (py's sandbox, web, osworld).
+def engine_threads(mode: Mode) -> int:
+    """llama.cpp threads for the embedded engine: every core when the mode's rollouts share one
+    runner process, their environment costing no CPU here (math, rag, lookup: the runners mostly
+    wait on the engine), all but one when it runs programs on this machine (py's sandbox, web,
+    osworld).
 
     ggml's threads spin-wait for each other, so a thread per core beside busy processes is many
     times slower (0.6 s → 42 s for one reply on 2 busy cores). On an idle one, the demo (math, 4
     runners, 2 cores) ran 30.6 s with 2 threads against 45.0 s with 1 (bench/run.py).
     """
     cores = len(os.sched_getaffinity(0))
-    return cores if mode in LIGHT_MODES or cores == 1 else cores - 1
+    return cores if shares_process(mode) or cores == 1 else cores - 1
 
 
 def preflight(opts: RunOptions) -> None:
     """Fail fast when the mode's environment cannot exist here (osworld without a hypervisor,
-    py without bubblewrap, web screenshots without Chromium)."""
-    if opts.mode == "osworld" and opts.store is None:
-        desktop_provider(opts.env_spec()).preflight()
-    if opts.mode == "web" and opts.observation in ("screenshot", "both") and opts.store is None:
-        from rollfleet.envs.web_render import find_chromium
-
-        find_chromium()
-    if opts.mode == "py":
-        from rollfleet.pool import SandboxLimits, SandboxProvider
-
-        SandboxProvider(SandboxLimits(**opts.env_spec().sandbox)).preflight()
+    py without bubblewrap, web screenshots without Chromium): the mode's own preflight."""
+    preflight_of(opts.load_mode(), opts.env_spec(), local=opts.store is None)
 
 
 async def run(opts: RunOptions, console: Console) -> dict[str, Any]:
     """Do the whole run; returns the summary (also written to OUTPUT/summary.json)."""
     startup = Startup()
     opts.check()
-    tasks = load_tasks(opts.data, get_mode(opts.mode), opts.limit)
+    tasks = load_tasks(opts.data, opts.load_mode(), opts.limit)
     preflight(opts)
     specs = build_specs(
         tasks,
@@ -287,9 +280,10 @@ async def shared_llm(
     """Runner options giving ctx.llm: a URL given, an engine per runner, or one shared engine
     (``engine`` when given, not started: ``rollfleet train --engine hf``; else llama.cpp).
 
-    A URL given gets the user's API key; the shared engine's gateway needs none. It records
-    every call as an ``llm`` Step of its attempt (prompt and completion token ids included:
-    what a trainer needs)."""
+    A URL given gets the user's API key; the shared engine's gateway takes a secret made for
+    this run, from which runners mint each attempt its capability. It records every call as an
+    ``llm`` Step of its attempt (prompt and completion token ids included: what a trainer
+    needs)."""
     if opts.engine is not None:
         yield RunnerLlm(["--llm-url", opts.engine], opts.llm_key())
         return
@@ -304,22 +298,25 @@ async def shared_llm(
         engine = LlamaCppEngine(
             opts.model,
             slots=max(2, opts.num_rollouts),
-            threads=opts.engine_threads or engine_threads(opts.mode),
+            threads=opts.engine_threads or engine_threads(opts.load_mode()),
             batch_quant=not opts.keep_quant,
         )
     await engine.start()
     startup.mark("engine")
     gateway = Gateway(_recorder(store))
     gateway.add_replica(engine)
+    # a secret of this run's own: runners mint each attempt a capability from it, so an agent's
+    # ctx.llm can record only to its own attempt (rollfleet.web.capability)
+    secret = secrets.token_urlsafe(32)
     try:
-        async with running_gateway(gateway) as gateway_url:
+        async with running_gateway(gateway, token=secret) as gateway_url:
             startup.mark("gateway")
             console.print(
                 f"engine {_engine_label(engine)} ({engine.max_concurrency} slots) · "
                 f"gateway {gateway_url}/v1",
                 soft_wrap=True,
             )
-            yield RunnerLlm(["--llm-url", gateway_url], gateway=gateway)
+            yield RunnerLlm(["--llm-url", gateway_url, "--llm-mint"], secret, gateway)
     finally:
         if getattr(engine, "first_token_at", None) is not None:
             startup.mark("first_token", engine.first_token_at)
@@ -346,16 +343,17 @@ def runner_fleet(url: str, opts: RunOptions, llm: RunnerLlm) -> LocalFleet:
     """One runner process running N rollouts at once (math, rag, or a shared pool's N rollouts
     over M instances); else N runner processes of one rollout each, so a rollout's environment
     (a sandbox, a desktop) and whatever it does to its process stay apart from the others."""
-    pooled = opts.use_vm_pool and opts.mode in ("osworld", "py")
-    together = pooled or (opts.mode in LIGHT_MODES and not opts.engine_per_runner)
+    mode = opts.load_mode()
+    pooled = opts.use_vm_pool and bool(getattr(mode, "pools_instances", False))
+    together = pooled or (shares_process(mode) and not opts.engine_per_runner)
     n, concurrency = (1, opts.num_rollouts) if together else (opts.num_rollouts, 1)
     extra = llm.args + ["--env-spec", opts.env_spec().model_dump_json(), "--exit-with-parent"]
     return LocalFleet(
         url,
-        AGENT,
+        opts.agent,
         n=n,
         concurrency=concurrency,
-        prefix=f"run-{opts.mode}",
+        prefix=f"run-{mode_label(opts.mode)}",
         grace_s=5.0,
         extra_args=extra,
         token=opts.token,

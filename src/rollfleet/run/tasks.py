@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,9 +47,16 @@ def _digest(*parts: str, size: int = 10) -> str:
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:size]
 
 
+def mode_label(mode: str) -> str:
+    """A mode as ids may show it: a file path by its file name (ids hold no ``/``), at most 60
+    characters of the id alphabet."""
+    return re.sub(r"[^A-Za-z0-9._:@+=-]", "_", mode.rsplit("/", 1)[-1])[:60]
+
+
 def run_key(path: Path, mode: str) -> str:
-    """A short key for (data file, mode): the group id of the run's rollouts."""
-    return f"run-{mode}-{_digest(str(path.resolve()), mode)}"
+    """A short key for (data file, mode): the group id of the run's rollouts (the digest tells
+    apart modes whose labels are alike)."""
+    return f"run-{mode_label(mode)}-{_digest(str(path.resolve()), mode)}"
 
 
 def rollout_id(key: str, line: TaskLine, sample: int) -> str:

@@ -1,4 +1,5 @@
-"""The training loop through the fleet (issue 18): GRPO on the bundled SmolLM2, resumable.
+"""The training loop through the fleet (issue 18): GRPO on a local model (the bundled SmolLM2 by
+default, ``model``: a GGUF file or a transformers model directory), resumable.
 
 Per step ``s``: the coordinator holds batch ``step-s`` (``tasks_per_step`` tasks, ``group_size``
 samples each; batches up to ``s + max_staleness`` are submitted ahead and admitted as the bound
@@ -37,10 +38,11 @@ from rollfleet.coordinator import CoordinatorClient
 from rollfleet.coordinator.advantages import check_estimator
 from rollfleet.coordinator.experiences import Experience, read_experiences
 from rollfleet.envs import get_mode
-from rollfleet.envs.base import turn_reward
+from rollfleet.envs.base import Transcript, score_of, turn_reward
 from rollfleet.errors import InvalidInput
 from rollfleet.model import RolloutStatus
 from rollfleet.run.orchestrate import (
+    AGENT,
     RunOptions,
     Startup,
     control_plane_url,
@@ -55,6 +57,12 @@ from rollfleet.train import checkpoint, report
 EVAL_PRIORITY = 10  # eval rollouts are claimed before queued training work
 MAX_TURNS, MAX_EVAL_SAMPLES = 100, 64
 ENGINES = ("llamacpp", "hf")
+BUNDLED = "bundled SmolLM2-135M"  # the model of a run without --model (its GGUF)
+
+
+# Settings added after checkpoints were first written, with the value every older run had: a
+# run at that value leaves them out of its fingerprint, so older checkpoints still resume.
+LATER_DEFAULTS: dict[str, Any] = {"agent": AGENT, "model": BUNDLED}
 
 
 @dataclass
@@ -76,6 +84,7 @@ class TrainOptions:
     eval_data: Path | None = None
     eval_every: int = 5
     engine: str = "llamacpp"  # or "hf": the policy itself served by transformers
+    model: Path | None = None  # a local GGUF file or transformers directory; None: bundled
     max_turns: int = 4  # model calls per rollout (a mode without tools answers in one)
     estimator: str = "grpo"  # or drgrpo, rloo
     kl_coef: float = 0.0
@@ -84,6 +93,7 @@ class TrainOptions:
     mask_truncated: bool = False  # rows cut by max_tokens are not trained on
     eval_samples: int = 1  # 1: greedy; n: n samples a task at the training temperature
     report_to: str | None = None  # "tensorboard": event files in OUTPUT/tensorboard
+    agent: str = AGENT  # the agent whose ctx.llm calls are trained on
     extra: dict[str, Any] = field(default_factory=dict)  # more RunOptions fields
 
     def check(self) -> None:
@@ -135,6 +145,10 @@ class TrainOptions:
             )
         if self.engine not in ENGINES:
             raise InvalidInput(f"--engine {self.engine!r}: choose one of {', '.join(ENGINES)}")
+        if self.model is not None:
+            from rollfleet.train.policy import check_model
+
+            check_model(self.model, self.engine)
 
     def run_options(self) -> RunOptions:
         """The fleet's options: one rollout slot per sample of a step's batch."""
@@ -146,6 +160,8 @@ class TrainOptions:
             max_tokens=self.max_tokens,
             temperature=self.temperature,
             max_turns=self.max_turns,
+            agent=self.agent,
+            model=self.model_name() if self.model and self.engine == "llamacpp" else None,
             **self.extra,
         )
 
@@ -167,7 +183,15 @@ class TrainOptions:
             kept.pop(name)
         kept["data"] = str(self.data.resolve())
         kept["eval_data"] = str(self.eval_data.resolve()) if self.eval_data else None
+        kept["model"] = self.model_name()
+        for name, default in LATER_DEFAULTS.items():  # settings newer than some checkpoints
+            if kept[name] == default:
+                kept.pop(name)
         return kept
+
+    def model_name(self) -> str:
+        """The policy's model as a run records it: its absolute path, or :data:`BUNDLED`."""
+        return str(self.model.resolve()) if self.model is not None else BUNDLED
 
 
 async def train(opts: TrainOptions, console: Console) -> list[dict[str, Any]]:
@@ -196,7 +220,12 @@ async def train(opts: TrainOptions, console: Console) -> list[dict[str, Any]]:
     )
     claim_output_dir(opts.output_dir, "train")
     torch.manual_seed(opts.seed)
-    policy = Policy(load_policy()[0], lr=opts.lr, lora_rank=opts.lora_rank, loss=opts.loss())
+    model = load_policy(opts.model)[0]
+    policy = Policy(model, lr=opts.lr, lora_rank=opts.lora_rank, loss=opts.loss())
+    console.print(
+        f"policy {opts.model_name()} ({policy.trainable_params:,} trainable parameters)",
+        soft_wrap=True,
+    )
     found = checkpoint.load(
         opts.output_dir / "checkpoints", policy.model, policy.optimizer, opts.fingerprint()
     )
@@ -219,7 +248,8 @@ async def train(opts: TrainOptions, console: Console) -> list[dict[str, Any]]:
     report.plot(
         loop.records,
         opts.output_dir / report.PLOT,
-        f"rollfleet train: {opts.mode}, {opts.data.name}, K={opts.max_staleness}",
+        f"rollfleet train: {opts.mode}, {opts.data.name}, K={opts.max_staleness}"
+        + (f", {opts.model.name}" if opts.model is not None else ""),
     )
     return loop.records
 
@@ -245,7 +275,7 @@ async def embedded_fleet(
         try:
             if run.store is None:  # attempts cut short by a kill: nobody holds them now
                 await store.requeue(statuses=[RolloutStatus.PREPARING, RolloutStatus.RUNNING])
-            engine = hf_engine(run.num_rollouts) if opts.engine == "hf" else None
+            engine = hf_engine(run.num_rollouts, opts.model) if opts.engine == "hf" else None
             async with shared_llm(run, store, console, Startup(), engine) as llm:
                 runners = runner_fleet(url, run, llm)
                 running = asyncio.create_task(runners.run())
@@ -259,12 +289,13 @@ async def embedded_fleet(
             await store.close()
 
 
-def hf_engine(slots: int) -> Any:
-    """The bundled model served by transformers (``--engine hf``), as the policy starts."""
+def hf_engine(slots: int, path: Path | None = None) -> Any:
+    """The policy's model (``path``, default the bundled one) served by transformers
+    (``--engine hf``), as the policy starts."""
     from rollfleet.engines.hf import HFEngine
     from rollfleet.train.policy import load_policy
 
-    model, tokenizer = load_policy()
+    model, tokenizer = load_policy(path)
     return HFEngine(model.eval().requires_grad_(False), tokenizer, max_batch=min(64, slots))
 
 
@@ -276,7 +307,7 @@ async def _check_reward(mode: str, task: dict[str, Any]) -> None:
     except Exception:  # it needs the runner's environment: the rollouts will tell
         return
     try:
-        await session.score("")
+        await score_of(session, "", Transcript())
     except Exception as exc:
         raise InvalidInput(
             f"mode {mode}: its reward raised {type(exc).__name__}: {exc} (scoring an empty "

@@ -2,19 +2,20 @@
 
 An agent is ``async def agent(input, ctx) -> float | RolloutResult | dict | None`` or a class with
 ``async def rollout(self, input, ctx)``. It is referenced as ``package.module:function`` (or
-``package.module``, meaning its ``agent`` attribute).
+``package.module``, meaning its ``agent`` attribute), or ``path/to/file.py:function``
+(:mod:`rollfleet.refs`).
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from rollfleet.errors import AgentError
+from rollfleet import refs
+from rollfleet.errors import AgentError, InvalidInput
 from rollfleet.model import RolloutConfig, RolloutResult
 
 AgentFn = Callable[[Any, Any], Awaitable[Any]]
@@ -41,15 +42,10 @@ def agent_defaults(fn: Any) -> dict[str, Any]:
 
 
 def _import(ref: str) -> Any:
-    module_name, _, attr = ref.partition(":")
     try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
-        raise AgentError(f"agent {ref!r}: cannot import module {module_name!r}: {exc}") from exc
-    name = attr or "agent"
-    if not hasattr(module, name):
-        raise AgentError(f"agent {ref!r}: module {module_name!r} has no attribute {name!r}")
-    return getattr(module, name)
+        return refs.resolve(ref, default_attribute="agent")
+    except InvalidInput as exc:
+        raise AgentError(f"agent {ref!r}: {exc.message}") from None
 
 
 def load_agent(ref: str | Callable[..., Any]) -> AgentFn:

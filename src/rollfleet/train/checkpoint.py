@@ -109,10 +109,11 @@ def load(root: Path, model: Any, optimizer: Any, fingerprint: dict[str, Any]) ->
     if where is None:
         return None
     meta = _meta(where / "meta.json")
+    saved = meta["fingerprint"]
     differ = [
-        f"{key} {meta['fingerprint'].get(key)!r} (now {value!r})"
-        for key, value in fingerprint.items()
-        if meta["fingerprint"].get(key) != value
+        f"{key} {saved.get(key)!r} (now {fingerprint.get(key)!r})"
+        for key in sorted(set(saved) | set(fingerprint))
+        if saved.get(key) != fingerprint.get(key)
     ]
     if differ:
         raise InvalidInput(

@@ -1,15 +1,19 @@
-"""The policy a trainer updates: the bundled SmolLM2 as a trainable transformers model, and one
-GRPO step over a batch of experiences (micro-batched, token-weighted, gradient-clipped).
+"""The policy a trainer updates: a local model (the bundled SmolLM2 by default) as a trainable
+transformers model, and one GRPO step over a batch of experiences (micro-batched, token-weighted,
+gradient-clipped).
 
-transformers loads the bundled GGUF with its GGUF loader (the ``gguf`` package): the Q4_1 weights
-are dequantized to float32, 134.5M parameters, ~25 s on 2 cores. Its ``state_dict`` carries
-transformers' Llama names, which is what :func:`rollfleet.engines.weights.push_weights` sends and
-every engine takes (llama.cpp writes them back into a GGUF).
+transformers loads a GGUF with its GGUF loader (the ``gguf`` package): the bundled Q4_1 weights
+are dequantized to float32, 134.5M parameters, ~25 s on 2 cores. A transformers model directory
+(``config.json`` and weights) loads with ``from_pretrained``, in float32, with its own tokenizer.
+Nothing is downloaded. The ``state_dict`` carries transformers' names, which is what
+:func:`rollfleet.engines.weights.push_weights` sends and every engine takes (llama.cpp writes
+them back into the GGUF it serves).
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -34,15 +38,124 @@ LORA_TARGETS = ("q_proj", "v_proj")
 PEFT_PREFIX = "base_model.model."
 
 
+GGUF, HF = "gguf", "hf"  # what a local model is: a GGUF file, or a transformers directory
+HF_WEIGHTS = ("*.safetensors", "pytorch_model*.bin")
+
+
+def model_format(path: Path) -> str:
+    """What the local model at ``path`` is: :data:`GGUF` (a file starting with GGUF's magic) or
+    :data:`HF` (a directory of a transformers causal LM: ``config.json`` and weights). Anything
+    else is InvalidInput, one line naming ``--model``; no name is looked up on the Hub."""
+    if path.is_dir():
+        return _hf_directory(path)
+    if not path.is_file():
+        raise InvalidInput(
+            f"--model {path}: no such local file or directory (train downloads nothing, so a"
+            " Hugging Face hub id will not do): pass a transformers model directory or a GGUF file"
+        )
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise InvalidInput(f"--model {path}: cannot read it: {exc}") from None
+    if magic != b"GGUF":
+        raise InvalidInput(
+            f"--model {path}: not a GGUF file (no GGUF header); pass a GGUF file or a"
+            " transformers model directory (config.json and weights)"
+        )
+    return GGUF
+
+
+def _hf_directory(path: Path) -> str:
+    """:data:`HF` when ``path`` holds a causal LM's ``config.json`` and weights."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    config = path / "config.json"
+    if not config.is_file():
+        raise InvalidInput(
+            f"--model {path}: a directory without config.json; pass a transformers model"
+            " directory (config.json and weights) or a GGUF file"
+        )
+    try:
+        kind = json.loads(config.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        kind = None
+    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise InvalidInput(
+            f"--model {path}: config.json names no causal language model transformers knows"
+            f" (model_type {kind!r})"
+        )
+    if not any(next(path.glob(pattern), None) for pattern in HF_WEIGHTS):
+        raise InvalidInput(
+            f"--model {path}: no weights beside config.json ({' or '.join(HF_WEIGHTS)})"
+        )
+    return HF
+
+
+def check_model(path: Path, engine: str) -> None:
+    """Refuse a ``--model`` the trainer cannot load or ``engine`` (llamacpp or hf) cannot serve
+    and take weights into, before anything is written. llama.cpp serves GGUF files only, and
+    the trainer's weights reach it through a GGUF written with the served one's metadata
+    (:mod:`rollfleet.engines.gguf_export`: a llama GGUF); transformers renders the agents' chat
+    messages with the tokenizer's chat template."""
+    found = model_format(path)
+    if found == HF and engine == "llamacpp":
+        raise InvalidInput(
+            f"--model {path}: a transformers model directory; the llama.cpp engine serves GGUF"
+            " files only (the trainer's weights reach it through the GGUF it serves): pass"
+            " --engine hf"
+        )
+    if found == HF and not _chat_template(path):
+        raise InvalidInput(
+            f"--model {path}: its tokenizer has no chat template, and the agents talk to the"
+            " model in chat messages; use a chat (instruct) model or add one"
+            " (chat_template.jinja)"
+        )
+    if found == GGUF and engine == "llamacpp":
+        from rollfleet.engines.gguf_export import read_base
+        from rollfleet.errors import EngineError
+
+        try:
+            read_base(path)  # its metadata, remembered for the first weights export
+        except EngineError as exc:
+            raise InvalidInput(f"--model {path}: {exc}; pass --engine hf to serve it") from None
+
+
+def _chat_template(directory: Path) -> bool:
+    """Whether a transformers directory's tokenizer has a chat template (a file of its own, or
+    in tokenizer_config.json)."""
+    if any((directory / name).is_file() for name in ("chat_template.jinja", "chat_template.json")):
+        return True
+    try:
+        config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(config, dict) and bool(config.get("chat_template"))
+
+
 def load_policy(path: str | Path | None = None) -> tuple[Any, Any]:
-    """``(model, tokenizer)`` from a GGUF (default: the bundled SmolLM2), float32, trainable."""
+    """``(model, tokenizer)``, float32 and trainable, from a local GGUF file (default: the
+    bundled SmolLM2) or transformers model directory (:func:`model_format`); nothing is
+    downloaded. InvalidInput naming ``--model`` when it does not load."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rollfleet.engines.llamacpp_model import bundled_gguf
 
-    gguf = Path(path) if path else bundled_gguf()
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    source = Path(path) if path else bundled_gguf()
+    where, more = (
+        (source.parent, {"gguf_file": source.name})
+        if model_format(source) == GGUF
+        else (source, {})
+    )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            where, dtype=torch.float32, local_files_only=True, **more
+        )
+        tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=True, **more)
+    except (OSError, ValueError) as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise InvalidInput(f"--model {source}: cannot load it: {reason}") from exc
     return model.train(), tokenizer
 
 
@@ -169,6 +282,13 @@ class Policy:
         self._initial = None
         if lora_rank is not None:
             from peft import LoraConfig, get_peft_model
+
+            named = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+            if not named & set(LORA_TARGETS):
+                raise InvalidInput(
+                    f"--model: LoRA goes on {' and '.join(LORA_TARGETS)}, which this"
+                    f" {type(model).__name__} does not have; pass --lora-rank 0 (full fine-tuning)"
+                )
 
             config = LoraConfig(
                 r=lora_rank,
