@@ -139,7 +139,10 @@ async def test_web_tools_plain_text(store: SqlStore) -> None:
         "http://127.0.0.1:"
     )
     assert steps[-1].payload["reward"] == 1.0 and done.result.metrics["tool_calls"] == 4.0
-    assert llm.requests[0]["tools"][0]["function"]["name"] == "open_url"
+    # the bundled model gets its tools as text only: `tools=` would add the gateway's own section
+    assert (
+        "tools" not in llm.requests[0] and "open_url" in llm.requests[0]["messages"][0]["content"]
+    )
     assert all(r["stop"] == ["\nUser:"] for r in llm.requests)  # a reply ends at a made-up turn
 
 
@@ -183,15 +186,18 @@ async def test_rag_tools_native_calls(store: SqlStore) -> None:
         "question": "Who was the last keeper of Stennick Lighthouse?",
         "answers": ["Agnes Moor"],
     }
-    [done] = await run_all(
+    llm = ScriptedLLM(native_rag_script)
+    [done] = await run_all(  # a served model (--engine URL): its tools go as OpenAI `tools=` too
         store,
-        [spec("rag", task)],
-        lambda r: ScriptedLLM(native_rag_script),
+        [spec("rag", task, model="served-model")],
+        lambda r: llm,
         build_env_source(EnvSpec(mode="rag")),
     )
     assert done.status is RolloutStatus.SUCCEEDED, done.error
     assert done.result.reward == 1.0 and done.result.metrics["turns"] == 3.0
     assert done.result.output["messages"][2]["tool_calls"][0]["function"]["name"] == "search"
+    assert llm.requests[0]["tools"][0]["function"]["name"] == "search"
+    assert llm.requests[0]["model"] == "served-model"
 
 
 async def test_retries_on_engine_errors_and_unreadable_calls(store: SqlStore) -> None:

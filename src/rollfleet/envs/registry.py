@@ -5,6 +5,8 @@ A mode is named two ways on the command line (``--mode``) and in a rollout's ``m
   pyproject registers ``math``, ``py``, ``rag``, ``web``, ``osworld``, ``lookup`` and
   ``reasoning-gym`` this way,
   and any installed package can add its own);
+- a registered name with an argument, ``NAME:ARGUMENT`` (``openenv:http://host:8000``): that
+  mode's factory called with the argument;
 - a **reference** ``package.module:factory`` or ``path/to/file.py:factory``: loaded from the
   user's code, with no install and no edit to rollfleet.
 
@@ -37,14 +39,11 @@ def registered() -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=GROUP)}
 
 
-def is_reference(ref: str) -> bool:
-    """Whether ``ref`` names a factory in code (``module:factory``), not a registered mode."""
-    return ":" in ref and ref not in registered()
-
-
 def factory_of(ref: str) -> Callable[..., Any]:
-    """The factory ``ref`` names; InvalidInput naming what is wrong."""
-    value = registered().get(ref)
+    """The factory ``ref`` names; InvalidInput naming what is wrong. ``NAME:ARGUMENT`` with a
+    registered NAME is that mode's factory given ARGUMENT (``openenv:http://host:8000``)."""
+    name, _, argument = ref.partition(":")
+    value = registered().get(ref) or (registered().get(name) if argument else None)
     if value is None and ":" not in ref:
         known = ", ".join(sorted(registered())) or "none registered"
         raise InvalidInput(
@@ -56,6 +55,8 @@ def factory_of(ref: str) -> Callable[..., Any]:
         raise InvalidInput(f"--mode {ref[:MAX_REF]}: {exc.message}") from None
     if not callable(found):
         raise InvalidInput(f"--mode {ref}: {found!r} is not callable")
+    if value is not None and ref not in registered():  # a registered mode with its argument
+        return functools.partial(found, argument)
     return found
 
 
