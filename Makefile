@@ -21,6 +21,11 @@ $(STAMP): pyproject.toml constraints.txt
 	ls $(WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || CMAKE_ARGS="$(LLAMA_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=2 \
 		$(BIN)/pip wheel -q --no-deps --no-cache-dir -c constraints.txt -w $(WHEELS) llama-cpp-python
 	$(BIN)/pip install -q --find-links $(WHEELS) -c constraints.txt -e '.[all,test]'
+	# openenv-core, for the tests that start a real OpenEnv server (the openenv mode itself needs
+	# none of it): its gradio would pin pillow below 13, and its server runs without gradio, so
+	# it goes in without its dependencies, beside the ones its server imports
+	$(BIN)/pip install -q -c constraints.txt fastmcp tomli tomli-w
+	$(BIN)/pip install -q --no-deps -c constraints.txt openenv-core
 	touch $(STAMP)
 
 install: $(STAMP)

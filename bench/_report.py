@@ -14,6 +14,7 @@ from bench._rows_fleet import (
     cluster_rows,
     dashboard_rows,
     e2e_rows,
+    envs_rows,
     fleet_rows,
     pool_rows,
     run_rows,
@@ -75,6 +76,7 @@ SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
     ("chaos", chaos_rows),
     ("fleet", fleet_rows),
     ("multimodal", multimodal_rows),
+    ("envs", envs_rows),
 ]
 
 

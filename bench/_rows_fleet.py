@@ -294,3 +294,26 @@ def fleet_rows(d: dict[str, Any]) -> list[str]:
             f"{ratio:.2f}× |"
         )
     return rows
+
+
+def envs_rows(d: dict[str, Any]) -> list[str]:
+    """An OpenEnv server through the openenv mode's session against OpenEnv's own client."""
+    rows, steps, rounds = [], d["steps_per_episode"], d["rounds"]
+    for key, what, digits in (
+        ("p50_ms", "ms per environment step, p50", 3),
+        ("p99_ms", "ms per environment step, p99", 3),
+        ("eps_1", f"{steps}-step scripted episodes/s, one at a time", 0),
+        (
+            f"eps_{d['concurrent']}",
+            f"{steps}-step scripted episodes/s, {d['concurrent']} at once",
+            0,
+        ),
+    ):
+        ours, theirs = d[key]["rollfleet"], d[key]["openenv"]
+        rows.append(
+            f"| envs | {what}: an OpenEnv server (openenv-core, loopback) through the openenv mode "
+            f"vs OpenEnv's `GenericEnvClient`, median [range] of {rounds} alternating rounds | "
+            f"{spread(ours, digits)} | {spread(theirs, digits)} (GenericEnvClient) | "
+            f"{ours['median'] / theirs['median']:.2f}× |"
+        )
+    return rows
