@@ -125,10 +125,16 @@ def main() -> dict[str, Any]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = start(
-        [sys.executable, str(ROOT / "tests" / "openenv_env.py"), "--port", str(port),
-         "--max-sessions", str(CONCURRENT)],
+        [
+            sys.executable,
+            str(ROOT / "tests" / "openenv_env.py"),
+            "--port",
+            str(port),
+            "--max-sessions",
+            str(CONCURRENT),
+        ],
         f"{url}/health",
-    )  # fmt: skip
+    )
     try:
         measured = asyncio.run(measure(url))
     finally:

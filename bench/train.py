@@ -42,7 +42,8 @@ SPLIT = ("seconds/wait", "seconds/train", "seconds/checkpoint", "seconds/sync")
 
 def one_run(k: int, out: Path) -> dict[str, Any]:
     """Train STEPS steps with max_staleness ``k``; the step records and the run's wall time."""
-    from rollfleet.run.train import TrainOptions, train
+    from rollfleet.run.train import train
+    from rollfleet.run.train_options import TrainOptions
 
     opts = TrainOptions(
         mode="math", data=ROOT / "src" / "rollfleet" / "examples" / "arith.jsonl",

@@ -37,8 +37,21 @@ def steps(out: Path) -> list[dict[str, object]]:
 
 def short(out: Path, *more: str) -> list[str]:
     """Two steps of 2 tasks x 2 samples, short replies."""
-    return ["--steps", "2", "--tasks-per-step", "2", "--group-size", "2", "--max-tokens", "24",
-            "--eval-every", "100", "--output-dir", str(out), *more]  # fmt: skip
+    return [
+        "--steps",
+        "2",
+        "--tasks-per-step",
+        "2",
+        "--group-size",
+        "2",
+        "--max-tokens",
+        "24",
+        "--eval-every",
+        "100",
+        "--output-dir",
+        str(out),
+        *more,
+    ]
 
 
 def test_a_mode_in_a_file_of_its_own_trains(tmp_path: Path) -> None:
@@ -48,9 +61,15 @@ def test_a_mode_in_a_file_of_its_own_trains(tmp_path: Path) -> None:
     out = tmp_path / "out"
     done = rollfleet(
         tmp_path,
-        "train", "--mode", "adder:make", "--data", "adder.jsonl", "--max-turns", "2",
+        "train",
+        "--mode",
+        "adder:make",
+        "--data",
+        "adder.jsonl",
+        "--max-turns",
+        "2",
         *short(out),
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     records = steps(out)
     assert [r["step"] for r in records] == [0, 1]
@@ -64,9 +83,15 @@ def test_an_agent_in_a_file_of_its_own_trains(tmp_path: Path) -> None:
     agent = EXAMPLES / "one_call_agent.py"
     done = rollfleet(
         tmp_path,
-        "train", "--mode", "math", "--agent", f"{agent}:agent", "--data", str(data),
+        "train",
+        "--mode",
+        "math",
+        "--agent",
+        f"{agent}:agent",
+        "--data",
+        str(data),
         *short(out),
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert [r["step"] for r in steps(out)] == [0, 1]
 

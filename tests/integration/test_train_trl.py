@@ -25,7 +25,7 @@ EXAMPLES = Path(__file__).parents[2] / "src" / "rollfleet" / "examples"
 def test_trl_steps_generate_on_the_fleet_with_its_weights_and_rewards(tmp_path: Path) -> None:
     require(all(importlib.util.find_spec(m) for m in NEEDS), " and ".join(NEEDS))
     import rollfleet
-    from rollfleet.run.train import TrainOptions
+    from rollfleet.run.train_options import TrainOptions
     from rollfleet.run.trl import train_with_trl
 
     seen: dict[str, float | None] = {}
@@ -101,7 +101,7 @@ def test_trl_refuses_what_it_does_not_do_before_starting(
         all(importlib.util.find_spec(m) for m in ("transformers", "trl")), "transformers and trl"
     )
     from rollfleet.errors import InvalidInput
-    from rollfleet.run.train import TrainOptions
+    from rollfleet.run.train_options import TrainOptions
     from rollfleet.run.trl import trl_fleet
 
     opts = TrainOptions(

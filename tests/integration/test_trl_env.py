@@ -21,8 +21,11 @@ from rollfleet.errors import InvalidInput, RollfleetError
 
 ROOT = Path(__file__).parents[2]
 ADDER = f"{ROOT / 'examples' / 'adder.py'}:make"
-TASK = {"question": "What is Quorvane's code?", "key": "Quorvane",
-        "table": {"Quorvane": "8KX3Q", "Tessily": "2MPL7", "Varn": "Q9Z4T"}}  # fmt: skip
+TASK = {
+    "question": "What is Quorvane's code?",
+    "key": "Quorvane",
+    "table": {"Quorvane": "8KX3Q", "Tessily": "2MPL7", "Varn": "Q9Z4T"},
+}
 NEEDS = ("transformers", "trl", "datasets", "torch", "accelerate")
 
 pytestmark = pytest.mark.timeout(120)
@@ -122,9 +125,16 @@ def test_a_rollouts_calls_come_from_one_loop() -> None:
         asyncio.run(env.lookup(key="Quorvane"))
 
 
-ECHO_TOOLS = [Tool("echo", "repeats text n times", {"text": "what to say", "n": "how often"},
-                   schema={"n": {"type": "integer"}}, optional=frozenset({"n"})),
-              Tool("quit", "ends the episode")]  # fmt: skip
+ECHO_TOOLS = [
+    Tool(
+        "echo",
+        "repeats text n times",
+        {"text": "what to say", "n": "how often"},
+        schema={"n": {"type": "integer"}},
+        optional=frozenset({"n"}),
+    ),
+    Tool("quit", "ends the episode"),
+]
 
 
 class _EchoSession:
@@ -245,13 +255,25 @@ def test_a_grpo_step_calls_the_modes_tools_and_logs_its_reward(
         processing_class=tokenizer,
         train_dataset=task_dataset(data, ADDER),
         environment_factory=environment_factory(ADDER),  # the reward is the environment's only
-        args=GRPOConfig(output_dir=str(tmp_path / "trl"), max_steps=1, num_generations=2,
-                        per_device_train_batch_size=4, max_completion_length=400,
-                        learning_rate=1e-3, beta=0.0, use_cpu=True, bf16=False,
-                        activation_checkpointing=False, logging_steps=1, save_strategy="no",
-                        report_to="none", disable_tqdm=True, seed=0),
+        args=GRPOConfig(
+            output_dir=str(tmp_path / "trl"),
+            max_steps=1,
+            num_generations=2,
+            per_device_train_batch_size=4,
+            max_completion_length=400,
+            learning_rate=1e-3,
+            beta=0.0,
+            use_cpu=True,
+            bf16=False,
+            activation_checkpointing=False,
+            logging_steps=1,
+            save_strategy="no",
+            report_to="none",
+            disable_tqdm=True,
+            seed=0,
+        ),
         callbacks=[Logs()],
-    )  # fmt: skip
+    )
     before = [p.detach().clone() for p in model.parameters()]
     try:
         trainer.train()
@@ -280,10 +302,14 @@ def _scripted_model(tokenizer: Any) -> Any:
 
     class Scripted(LlamaForCausalLM):  # type: ignore[no-untyped-call]
         def generate(self, input_ids: Any, attention_mask: Any = None, **_: Any) -> Any:
-            texts = [tokenizer.decode(ids[mask.bool()]) for ids, mask in
-                     zip(input_ids, attention_mask, strict=True)]  # fmt: skip
-            replies = [tokenizer(_reply(text, row) + "<|im_end|>")["input_ids"]
-                       for row, text in enumerate(texts)]  # fmt: skip
+            texts = [
+                tokenizer.decode(ids[mask.bool()])
+                for ids, mask in zip(input_ids, attention_mask, strict=True)
+            ]
+            replies = [
+                tokenizer(_reply(text, row) + "<|im_end|>")["input_ids"]
+                for row, text in enumerate(texts)
+            ]
             width = max(map(len, replies))
             pad = [r + [tokenizer.pad_token_id] * (width - len(r)) for r in replies]
             return torch.cat([input_ids, torch.tensor(pad, dtype=input_ids.dtype)], dim=1)

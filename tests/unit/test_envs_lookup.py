@@ -11,8 +11,8 @@ import pytest
 
 from rollfleet.envs import EnvSpec, build_env_source, get_mode
 from rollfleet.envs.lookup import EXAMPLE, LookupSession, has_code, lookup_reward, resolve
+from rollfleet.envs.tasks import load_tasks
 from rollfleet.errors import InvalidInput
-from rollfleet.run.tasks import load_tasks
 
 TABLE = {"Zerbin": "7Q4K2", "Malvox": "X9P3", "Trisdel": "A4B6C8"}
 TASK: dict[str, Any] = {

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from rollfleet.envs import get_mode
+from rollfleet.envs.tasks import TaskLine, load_tasks
 from rollfleet.errors import InvalidInput
 from rollfleet.run.outputs import summarize
-from rollfleet.run.tasks import TaskLine, build_specs, load_tasks, rollout_id, run_key
+from rollfleet.run.tasks import build_specs, rollout_id, run_key
 from rollfleet.stats import pass_at_k, percentile
 
 

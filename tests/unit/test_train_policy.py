@@ -112,7 +112,7 @@ def test_a_checkpoint_restores_weights_and_optimizer_and_refuses_other_settings(
 def test_a_run_at_the_defaults_of_newer_settings_resumes_an_older_checkpoint() -> None:
     """``--agent`` and ``--model`` came after checkpoints did: at their defaults they are left out
     of the fingerprint (what an older checkpoint holds), set otherwise."""
-    from rollfleet.run.train import TrainOptions
+    from rollfleet.run.train_options import TrainOptions
 
     plain = TrainOptions(mode="math", data=Path("a.jsonl"), output_dir=Path("out"))
     assert "agent" not in plain.fingerprint() and "model" not in plain.fingerprint()

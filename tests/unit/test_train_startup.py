@@ -60,7 +60,8 @@ async def test_a_reward_that_raises_is_refused_before_anything_starts(
 ) -> None:
     require(bool(importlib.util.find_spec("torch")), "torch")
     import rollfleet.run.train as run_train
-    from rollfleet.run.train import TrainOptions, train
+    from rollfleet.run.train import train
+    from rollfleet.run.train_options import TrainOptions
 
     monkeypatch.setattr(run_train, "get_mode", lambda name: broken())
     data = tmp_path / "tasks.jsonl"

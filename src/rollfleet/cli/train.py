@@ -73,7 +73,8 @@ def train_command(
     """Train a model (--model, default the bundled one) with GRPO on --data in --mode; the same
     command resumes it."""
     from rollfleet.errors import InvalidInput
-    from rollfleet.run.train import TrainOptions, train
+    from rollfleet.run.train import train
+    from rollfleet.run.train_options import TrainOptions
 
     mode = job_start(mode, verbose)
     if lora_rank < 0:

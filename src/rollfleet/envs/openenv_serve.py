@@ -27,8 +27,8 @@ from rollfleet.envs.base import (
     score_of,
 )
 from rollfleet.envs.openenv import MAX_ACTION_CHARS
+from rollfleet.envs.tasks import load_tasks
 from rollfleet.errors import InvalidInput
-from rollfleet.taskfile import read_records
 
 INSTALL = "serving a mode as an OpenEnv environment needs openenv-core: pip install openenv-core"
 
@@ -47,7 +47,9 @@ def serve_mode(mode_ref: str, tasks_file: str | Path, *, max_sessions: int = 8) 
             f"--mode {mode_ref}: its sessions need a runner's environment (a sandbox, an index, a "
             "site); only modes without one can be served as OpenEnv environments"
         )
-    factory = functools.partial(env_cls, mode, checked_tasks(Path(tasks_file), mode))
+    factory = functools.partial(
+        env_cls, mode, [line.task for line in load_tasks(Path(tasks_file), mode)]
+    )
     return create_app(
         factory,
         action_cls,
@@ -55,21 +57,6 @@ def serve_mode(mode_ref: str, tasks_file: str | Path, *, max_sessions: int = 8) 
         env_name=f"rollfleet-{mode.name}",
         max_concurrent_envs=max_sessions,
     )
-
-
-def checked_tasks(path: Path, mode: Any) -> list[dict[str, Any]]:
-    """Every task of ``path``, checked by ``mode``; InvalidInput names file:line and field."""
-    if path.suffix not in (".json", ".jsonl"):
-        raise InvalidInput(f"{path}: the data file must be .json or .jsonl")
-    if not path.is_file():
-        raise InvalidInput(f"{path}: no such file")
-    tasks = []
-    for lineno, record in read_records(path):
-        mode.check(record, f"{path}:{lineno}")
-        tasks.append(record)
-    if not tasks:
-        raise InvalidInput(f"{path}: no tasks in the file")
-    return tasks
 
 
 @functools.cache

@@ -32,11 +32,12 @@ from rich.console import Console
 from rollfleet.client import connect
 from rollfleet.compose import control_plane_parts
 from rollfleet.envs import EnvSpec, Mode, check_observation, get_mode, preflight_of, shares_process
+from rollfleet.envs.tasks import load_tasks
 from rollfleet.errors import AgentError, InvalidInput, RollfleetError
 from rollfleet.model import ACTIVE_ROLLOUT, TERMINAL_ROLLOUT, Rollout, RolloutStatus
 from rollfleet.run.outputs import claim_output_dir, summarize, trajectory, write_outputs
 from rollfleet.run.progress import RunProgress
-from rollfleet.run.tasks import build_specs, load_tasks, mode_label, run_key
+from rollfleet.run.tasks import build_specs, mode_label, run_key
 from rollfleet.runner.local import LocalFleet
 from rollfleet.server.embedded import ServerThread
 from rollfleet.store.base import Store, read_all

@@ -29,7 +29,8 @@ from rollfleet.run.orchestrate import (
     preflight,
 )
 from rollfleet.run.outputs import claim_output_dir
-from rollfleet.run.train import TrainOptions, embedded_fleet
+from rollfleet.run.train import embedded_fleet
+from rollfleet.run.train_options import TrainOptions
 from rollfleet.run.trl_rollout import (
     FleetRollout,
     LoopThread,

@@ -39,8 +39,8 @@ from rollfleet.envs.base import (
     observation_of,
     score_of,
 )
+from rollfleet.envs.tasks import load_tasks
 from rollfleet.errors import InvalidInput, PoolError, RollfleetError
-from rollfleet.run.tasks import load_tasks
 
 T = TypeVar("T")
 

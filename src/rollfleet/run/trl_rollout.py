@@ -25,10 +25,11 @@ from rollfleet.coordinator import CoordinatorClient
 from rollfleet.coordinator.experiences import Experience, read_experiences
 from rollfleet.coordinator.state import rollout_id_for
 from rollfleet.envs import get_mode
+from rollfleet.envs.tasks import load_tasks
 from rollfleet.errors import InvalidInput, RollfleetError
 from rollfleet.model import RolloutSpec
 from rollfleet.run.orchestrate import RunOptions
-from rollfleet.run.tasks import build_specs, load_tasks
+from rollfleet.run.tasks import build_specs
 from rollfleet.train.policy import publish
 
 T = TypeVar("T")
