@@ -26,6 +26,12 @@ $(STAMP): pyproject.toml constraints.txt
 	# it goes in without its dependencies, beside the ones its server imports
 	$(BIN)/pip install -q -c constraints.txt fastmcp tomli tomli-w
 	$(BIN)/pip install -q --no-deps -c constraints.txt openenv-core
+	# verifiers 0.4, for the tests of its adapter: it pins openai<3 and mcp==2.0.0, older than what
+	# the rest of this venv has, and runs with both, so it too goes in without its dependencies,
+	# beside the ones it imports
+	$(BIN)/pip install -q -c constraints.txt aiohttp anthropic gepa httpx2 loguru math-verify \
+		prime-pydantic-config prime-runs prime-sandboxes prime-tunnel pyzmq renderers tenacity
+	$(BIN)/pip install -q --no-deps -c constraints.txt verifiers
 	touch $(STAMP)
 
 install: $(STAMP)

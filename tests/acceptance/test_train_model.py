@@ -133,3 +133,37 @@ def test_a_transformers_directory_trains_with_the_hf_engine(tmp_path: Path) -> N
     moved = train(out, data, "--model", str(other), "--steps", "2", *group)
     assert moved.returncode == 2 and "a checkpoint of a run with other settings" in moved.stderr
     assert f"model {str(model)!r} (now {str(other)!r})" in moved.stderr
+
+
+@pytest.mark.timeout(300)
+def test_run_serves_a_transformers_directory(tmp_path: Path) -> None:
+    require(all(importlib.util.find_spec(m) for m in NEEDS), " and ".join(NEEDS))
+    model = tmp_path / "tiny"
+    digit_model(model)
+    data = tmp_path / "ones.jsonl"
+    data.write_text(ONES)
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "rollfleet.cli", "run", "--mode", "math", "--data", str(data)]
+    done = subprocess.run(
+        [*command, "--model", str(model), "--max-tokens", "8", "--output-dir", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"engine hf {model} (" in done.stdout
+    records = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert [r["status"] for r in records] == ["succeeded"] * 3
+    assert all(r["tokens"]["completion"] > 0 for r in records)  # the tiny model answered
+    not_a_model = tmp_path / "empty"
+    not_a_model.mkdir()
+    refused = subprocess.run(
+        [*command, "--model", str(not_a_model), "--output-dir", str(tmp_path / "no")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert refused.returncode == 2 and "a directory without config.json" in refused.stderr
+    assert not (tmp_path / "no").exists()

@@ -66,8 +66,9 @@ AGENT_HELP = (
     "what it asks ctx.llm is recorded, and trained on (default: the built-in loop agent)"
 )
 MODE_HELP = (
-    "a built-in mode (math, py, rag, web, osworld, lookup, reasoning-gym), one a package "
-    "registers, or module:factory / file.py:factory for your own (docs/environments.md)"
+    "a built-in mode (math, py, rag, web, osworld, lookup, reasoning-gym), an adapter "
+    "(openenv:URL, verifiers:module:factory), one a package registers, or module:factory / "
+    "file.py:factory for your own (docs/environments.md)"
 )
 
 
@@ -75,11 +76,14 @@ def job_start(mode: str, verbose: bool) -> str:
     """What a job command (``run``, ``train``) checks and sets first: a ``--mode`` that loads
     (returned with a file path made absolute, as runner processes need it), and lifecycle logs
     only with ``--verbose``."""
-    from rollfleet.envs.registry import factory_of
+    from rollfleet.envs.registry import factory_of, registered
     from rollfleet.refs import absolute
 
     if not verbose:
         for name in ("rollfleet", "gguf", "matplotlib"):  # gguf: a line per weights export
             logging.getLogger(name).setLevel(logging.WARNING)
     factory_of(mode)  # InvalidInput naming the known modes, or why a module:factory fails
+    name, _, argument = mode.partition(":")
+    if argument and name in registered():  # verifiers:file.py:make: the argument is the file
+        return f"{name}:{absolute(argument)}"
     return absolute(mode)

@@ -72,8 +72,8 @@ def run_command(
     model: str = typer.Option(
         None,
         "--model",
-        help="a GGUF for the llama.cpp engine (default: bundled "
-        "SmolLM2-135M), or the model name with --engine",
+        help="a GGUF for the llama.cpp engine (default: bundled SmolLM2-135M), a transformers "
+        "model directory (served by transformers), or the model name with --engine",
     ),
     engine: str = typer.Option(
         None, "--engine", help="an OpenAI-compatible base URL to use instead of starting llama.cpp"

@@ -3,6 +3,8 @@
 ``rollfleet tasks reasoning-gym NAME --size 64 --seed 0`` writes entries 0 to size-1 of
 reasoning-gym's dataset NAME as JSONL, one ``reasoning-gym`` task a line (stdout, or
 ``--output FILE``, written whole or not at all); ``--list`` shows the dataset names.
+``rollfleet tasks verifiers module:factory`` writes a verifiers taskset's tasks by position,
+one ``verifiers:module:factory`` task a line.
 """
 
 from __future__ import annotations
@@ -51,6 +53,30 @@ def reasoning_gym(
     )
     with _sink(output) as out:
         for line in _with_progress(lines, size, f"{name} seed {seed}"):
+            out.write(line + "\n")
+
+
+@app.command("verifiers")
+def verifiers(
+    ref: str = typer.Argument(..., help="the taskset's factory: module:factory or file.py:factory"),
+    limit: int | None = typer.Option(None, "--limit", help="at most this many tasks (from 0)"),
+    output: Path | None = typer.Option(None, "--output", "-o", help="JSONL file (default: stdout)"),
+) -> None:
+    """Tasks for ``--mode verifiers:REF``: the taskset's tasks by position."""
+    from rollfleet.envs import verifiers_env as vf
+    from rollfleet.refs import absolute
+
+    ref = absolute(ref)
+    count = vf.tasks_of(ref).count()
+    if limit is not None and limit < 1:
+        raise InvalidInput(f"--limit must be at least 1, got {limit}")
+    size = count if limit is None else min(limit, count)
+    lines = (
+        json.dumps(vf.task_line(ref, index), ensure_ascii=False, allow_nan=False)
+        for index in range(size)
+    )
+    with _sink(output) as out:
+        for line in _with_progress(lines, size, f"verifiers {ref}"):
             out.write(line + "\n")
 
 

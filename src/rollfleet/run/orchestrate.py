@@ -97,16 +97,36 @@ class RunOptions:
         check_observation(self.mode, self.observation)
         if self.max_retries < 0:
             raise InvalidInput(f"--max-retries must be 0 or more, got {self.max_retries}")
-        if self.engine is None and self.model is not None and not Path(self.model).is_file():
-            raise InvalidInput(
-                f"--model {self.model}: not a GGUF file for the llama.cpp engine; "
-                "to use a served model pass --engine URL (an OpenAI-compatible base URL) too"
-            )
+        if self.engine is None and self.model is not None:
+            self._check_local_model(Path(self.model))
         if self.engine is not None and self.store is None and not self.llm_key():
             raise InvalidInput(
                 f"--engine {self.engine}: no API key; set OPENAI_API_KEY or pass --llm-token "
                 "(a server that checks no key takes any value, e.g. --llm-token none)"
             )
+
+    def _check_local_model(self, path: Path) -> None:
+        """A GGUF file for llama.cpp, or a transformers directory served by transformers here
+        (not per runner process: those load llama.cpp)."""
+        if path.is_dir():
+            from rollfleet.train.policy import check_model
+
+            check_model(path, "hf")
+            if self.engine_per_runner:
+                raise InvalidInput(
+                    f"--model {path}: a transformers model directory is served by one engine "
+                    "in this process; --engine-per-runner loads a GGUF in each runner"
+                )
+        elif not path.is_file():
+            raise InvalidInput(
+                f"--model {path}: neither a GGUF file for the llama.cpp engine nor a "
+                "transformers model directory; to use a served model pass --engine URL "
+                "(an OpenAI-compatible base URL) too"
+            )
+
+    def serves_directory(self) -> bool:
+        """Whether the shared engine is transformers serving a ``--model`` directory."""
+        return self.engine is None and self.model is not None and Path(self.model).is_dir()
 
     def llm_key(self) -> str | None:
         """The API key for ``--engine``: ``--llm-token``, else ``OPENAI_API_KEY``."""
@@ -279,7 +299,8 @@ async def shared_llm(
     engine: Any | None = None,
 ) -> AsyncIterator[RunnerLlm]:
     """Runner options giving ctx.llm: a URL given, an engine per runner, or one shared engine
-    (``engine`` when given, not started: ``rollfleet train --engine hf``; else llama.cpp).
+    (``engine`` when given, not started: ``rollfleet train --engine hf``; transformers for a
+    ``--model`` directory; else llama.cpp).
 
     A URL given gets the user's API key; the shared engine's gateway takes a secret made for
     this run, from which runners mint each attempt its capability. It records every call as an
@@ -295,6 +316,10 @@ async def shared_llm(
     from rollfleet.engines.gateway_app import running_gateway
     from rollfleet.engines.llamacpp import LlamaCppEngine
 
+    if engine is None and opts.serves_directory():
+        from rollfleet.engines.hf import HFEngine
+
+        engine = HFEngine(opts.model, max_batch=min(64, max(2, opts.num_rollouts)))
     if engine is None:
         engine = LlamaCppEngine(
             opts.model,
@@ -327,7 +352,7 @@ async def shared_llm(
 def _engine_label(engine: Any) -> str:
     """How the run's first line names the shared engine."""
     found = getattr(engine, "model_file", None)
-    return f"llama.cpp {found}" if found else f"{type(engine).__name__} {engine.name}"
+    return f"llama.cpp {found}" if found else f"{engine.name} {getattr(engine, 'model', '')}"
 
 
 def _recorder(store: Store) -> Any:
