@@ -93,7 +93,7 @@ def test_mode_checks(mode: str, task: dict, message: str) -> None:
 def test_unknown_mode() -> None:
     with pytest.raises(
         InvalidInput,
-        match="the modes are lookup, math, openenv, osworld, py, rag, reasoning-gym, web, or module:factory",
+        match="the modes are lookup, math, openenv, osworld, py, rag, reasoning-gym, verifiers, web, or ",
     ):
         get_mode("chess")
 
