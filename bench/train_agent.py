@@ -14,7 +14,7 @@ Sides, alternating A B A B A B, each round on a freshly loaded engine (cold pref
 
 - token-in: the default gateway: a call continues its attempt's previous call with the exact
   tokens the engine saw and sampled, plus the new messages' tokens.
-- re-tokenize: ``gateway.priors = Priors(attempts=0)`` keeps no prior call: every turn the whole
+- re-tokenize: ``gateway.priors = Priors(rollouts=0)`` keeps no prior call: every turn the whole
   conversation is rendered by the chat template and tokenized again.
 
 Per side, medians with their [min–max] over the rounds: prompt tokens per rollout (the three
@@ -108,7 +108,7 @@ async def one_round(side: str, r: int, n: int = CONVERSATIONS) -> dict[str, Any]
     recorded = StepRecorder()
     gateway = Gateway(recorded)
     if side == "retokenize":
-        gateway.priors = Priors(attempts=0)
+        gateway.priors = Priors(rollouts=0)
     gateway.add_replica(engine, "llama-0")
     batch = [tasks()[(r * n + i) % len(tasks())] for i in range(n)]
     try:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import random
 import signal
 import sqlite3
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from rollfleet.runner.local import LocalFleet
 from rollfleet.testing import ServeProcess
 
 SLEEP_AGENT = "rollfleet.agents.sleep"
+SCRIPTED_AGENT = "rollfleet.agents.scripted"
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,20 @@ class ChaosOptions:
     restart_server_at: float | None = 0.2  # fraction succeeded when the server is killed once
     timeout_s: float = 240.0
     seed: int = 0
+    turns: int = 0  # > 0: the scripted turn agent (rollfleet.agents.scripted), resumed by turn
+
+
+@dataclass
+class ResumeFigures:
+    """What a chaos run of the scripted turn agent shows of turn-level resume."""
+
+    resumed: int  # attempts that took over at least one turn of an earlier attempt
+    turns_reused: int  # turns taken over, summed over attempts
+    replies_repeated: int  # (rollout, turn) whose scripted model call was made more than once
+    writes_twice: int  # (rollout, turn) whose side-effecting write ran more than once
+    lost_writes: int  # writes whose outcome a kill lost (not run again: at most once)
+    restarted_after_a_turn: int  # attempts that started from turn 0 though a turn had finished
+    wrong_trajectories: list[str]  # rollouts whose tokens differ from an uninterrupted run
 
 
 @dataclass
@@ -56,6 +73,7 @@ class ChaosReport:
     kills: int
     restarts: dict[str, int] = field(default_factory=dict)  # 'at once' / 'backed off': counts
     max_lost_one_rollout: int = 0
+    resume: ResumeFigures | None = None  # with ``turns``: what turn-level resume did
 
     @property
     def throughput(self) -> float:
@@ -95,17 +113,16 @@ async def run_chaos(options: ChaosOptions, workdir: Path) -> ChaosReport:
     """Run the scenario on a fresh SQLite store in ``workdir``; return what happened."""
     db = workdir / "chaos.db"
     rng = random.Random(options.seed)
+    ledger = workdir / "ledger.txt"
     specs = [
-        RolloutSpec(
-            input={"duration": round(rng.uniform(options.min_s, options.max_s), 3)},
-            rollout_id=f"c-{i}",
-        )
+        RolloutSpec(input=_input(options, rng, ledger), rollout_id=f"c-{i}")
         for i in range(options.rollouts)
     ]
+    agent = SCRIPTED_AGENT if options.turns else SLEEP_AGENT
     server = ServeProcess(f"sqlite:///{db}").start()
     store = HttpStore(server.url, timeout=10)
     fleet = LocalFleet(
-        server.url, SLEEP_AGENT, n=options.runners, concurrency=options.concurrency, grace_s=5
+        server.url, agent, n=options.runners, concurrency=options.concurrency, grace_s=5
     )
     restarts: dict[str, int] = {}
 
@@ -139,7 +156,64 @@ async def run_chaos(options: ChaosOptions, workdir: Path) -> ChaosReport:
         await running
         await store.close()
         server.kill()
-    return _report(db, seconds, len(kills), restarts)
+    report = _report(db, seconds, len(kills), restarts)
+    if options.turns:
+        report.resume = resume_figures(db, ledger, options.turns)
+    return report
+
+
+def _input(options: ChaosOptions, rng: random.Random, ledger: Path) -> dict[str, Any]:
+    """One rollout's input: a sleep, or a scripted turn's duration (the whole rollout's over
+    ``turns``) and the ledger its writes go to."""
+    duration = round(rng.uniform(options.min_s, options.max_s), 3)
+    if not options.turns:
+        return {"duration": duration}
+    return {"turns": options.turns, "duration": duration / options.turns, "ledger": str(ledger)}
+
+
+def resume_figures(db: Path, ledger: Path, turns: int) -> ResumeFigures:
+    """Turn-level resume, checked from the database and the ledger of side effects."""
+    from rollfleet.agents.resume import LOST, REPLY_STEP, TOOL_RESULT_STEP
+    from rollfleet.agents.scripted import reply_tokens
+    from rollfleet.model import RESUME_STEP
+
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        steps = conn.execute(
+            "SELECT rollout_id, attempt_id, kind, payload FROM steps WHERE kind IN (?, ?, ?)"
+            " ORDER BY rollout_id, sequence",
+            (REPLY_STEP, TOOL_RESULT_STEP, RESUME_STEP),
+        ).fetchall()
+        results = conn.execute("SELECT rollout_id, result FROM rollouts").fetchall()
+    replies: dict[tuple[str, int], set[str]] = {}
+    finished: dict[str, int] = {}  # rollout -> turns whose write has a result, so far
+    resumed = reused = restarted = lost = 0
+    for rollout_id, _attempt, kind, raw in steps:
+        payload = json.loads(raw)
+        if kind == REPLY_STEP:
+            replies.setdefault((rollout_id, payload["turn"]), set()).add(payload["request_id"])
+        elif kind == TOOL_RESULT_STEP:
+            finished[rollout_id] = max(finished.get(rollout_id, 0), payload["turn"] + 1)
+            lost += payload["observation"] == LOST
+        else:
+            resumed += payload["from_turn"] > 0
+            reused += payload["from_turn"]
+            restarted += payload["from_turn"] == 0 and finished.get(rollout_id, 0) > 0
+    written = Counter(ledger.read_text().splitlines()) if ledger.exists() else Counter()
+    wrong = [
+        rollout_id
+        for rollout_id, result in results
+        if json.loads(result or "{}").get("output", {}).get("tokens")
+        != [t for turn in range(turns) for t in reply_tokens(rollout_id, turn)]
+    ]
+    return ResumeFigures(
+        resumed=resumed,
+        turns_reused=reused,
+        replies_repeated=sum(len(ids) > 1 for ids in replies.values()),
+        writes_twice=sum(n > 1 for n in written.values()),
+        lost_writes=lost,
+        restarted_after_a_turn=restarted,
+        wrong_trajectories=wrong,
+    )
 
 
 def _report(db: Path, seconds: float, kills: int, restarts: dict[str, int]) -> ChaosReport:

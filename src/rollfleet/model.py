@@ -298,6 +298,8 @@ class Worker(Record):
 # an LLM call, an agent throwing a call's reply away ({"request_id", "reason"}: it earns no
 # training row), and a mode's reward for one call's turn ({"request_id", "reward"}).
 LLM_STEP, DISCARD_STEP, CALL_REWARD_STEP = "llm", "discard", "call_reward"
+# A later attempt took over turns of earlier ones (rollfleet.agents.resume): {"reused_calls", ...}
+RESUME_STEP = "resume"
 
 
 class StepIn(Record):

@@ -146,7 +146,7 @@ async def test_multi_turn_conversations_are_one_row_each_with_exact_actions_and_
     # an engine whose prefix cache is as cold as the first one's was
     contrast = StepRecorder()
     rerendering = Gateway(contrast)
-    rerendering.priors = Priors(attempts=0)
+    rerendering.priors = Priors(rollouts=0)
     rerendering.add_replica(cold, "llama-1")
     again = await run_conversations(rerendering, cold, contrast, "whole")
     rows = {a: sequences_from_steps(contrast.of(a)) for a in again.calls}

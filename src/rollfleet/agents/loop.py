@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollfleet.agents.resume import Resumer
 from rollfleet.agents.toolcalls import (
     ToolCall,
     Unparseable,
@@ -40,12 +41,12 @@ from rollfleet.envs.base import (
     Transcript,
     first_observation,
     image_part,
-    observation_of,
     score_of,
     turn_reward,
 )
 from rollfleet.errors import AgentError, EngineError
 from rollfleet.model import CALL_REWARD_STEP, DISCARD_STEP, RolloutResult
+from rollfleet.runner.context import RolloutContext
 
 HISTORY_BUDGET_CHARS = 4500  # keeps prompts inside the bundled model's per-sequence context
 # A reply ends where the model starts writing the next turn itself: the bundled 135M model follows
@@ -240,8 +241,9 @@ def task_message(prompt: str, first: Observation | None) -> dict[str, Any]:
     return {"role": "user", "content": [{"type": "text", "text": text}, *images]}
 
 
-async def agent(input: Any, ctx: Any) -> RolloutResult:
-    """Run one task of ``ctx.mode`` to a final answer and score it."""
+async def agent(input: Any, ctx: RolloutContext) -> RolloutResult:
+    """Run one task of ``ctx.mode`` to a final answer and score it; a later attempt goes on
+    from the turns an earlier one finished (:mod:`rollfleet.agents.resume`)."""
     if ctx.llm is None:
         raise AgentError("the loop agent needs ctx.llm (start the runner with --llm-url)")
     settings = LoopSettings.of(ctx.metadata)
@@ -263,16 +265,24 @@ async def agent(input: Any, ctx: Any) -> RolloutResult:
     ]
     usage, answer, transcript = Usage(), "", Transcript(messages)
     turn_runner = Turn(ctx, session, settings, usage)
+    resumer = Resumer(ctx, session, mode)
+    earlier = await resumer.resume()
     for turn in range(settings.max_turns):
         if ctx.cancelled:
             raise asyncio.CancelledError()
         started = time.perf_counter()
-        text, calls, call_id = await turn_runner.ask(messages, turn)
+        reused = earlier[turn] if turn < len(earlier) else None
+        if reused is None:
+            text, calls, call_id = await turn_runner.ask(messages, turn)
+            await resumer.reply(turn, call_id, text, calls)
+        else:  # a reply an earlier attempt received: the model is not asked again
+            text, call_id = reused.content, reused.request_id
+            calls = [ToolCall(c.name, c.args, c.call_id) for c in reused.calls]
         usage.turns += 1
         messages.append(_assistant(text, calls))
         observations, seen = [], []
-        for call in calls:
-            seen.append((call.name, observation_of(await session.call(call.name, call.args))))
+        for index, call in enumerate(calls):
+            seen.append((call.name, await resumer.run(turn, index, call, reused)))
             usage.calls.append(call.name)
             usage.tool_errors += seen[-1][1].text.lstrip().lower().startswith("error")
             observations.append(
@@ -299,8 +309,10 @@ async def agent(input: Any, ctx: Any) -> RolloutResult:
                 "seconds": time.perf_counter() - started,
                 "retries": usage.retries,
                 "reward": shaped,
+                **({"reused": True} if reused is not None else {}),
             },
         )
+        await resumer.turn_done(turn, reused)
         if not calls:
             answer = final_answer(text)
             break

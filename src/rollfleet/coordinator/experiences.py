@@ -27,7 +27,15 @@ from typing import Any
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from rollfleet.errors import InvalidInput, RollfleetError
-from rollfleet.model import CALL_REWARD_STEP, DISCARD_STEP, LLM_STEP, Record, Rollout, Step
+from rollfleet.model import (
+    CALL_REWARD_STEP,
+    DISCARD_STEP,
+    LLM_STEP,
+    RESUME_STEP,
+    Record,
+    Rollout,
+    Step,
+)
 from rollfleet.store.blobs import image_refs
 
 
@@ -161,8 +169,21 @@ def _oldest_action(versions: list[int] | None, mask: list[int]) -> int | None:
 
 def training_calls(steps: Sequence[Step], attempt_id: str | None) -> list[Step]:
     """The LLM calls that earned a rollout's reward: those of ``attempt_id`` (the attempt that
-    completed it; None: every attempt's), not aborted, not discarded by the agent."""
-    mine = [s for s in steps if attempt_id is None or s.attempt_id == attempt_id]
+    completed it; None: every attempt's) and those of earlier attempts it took over when it
+    resumed (its ``resume`` step names them), not aborted, not discarded by the agent."""
+    reused = {
+        rid
+        for s in steps
+        if s.kind == RESUME_STEP and s.attempt_id == attempt_id
+        for rid in s.payload.get("reused_calls") or []
+    }
+    mine = [
+        s
+        for s in steps
+        if attempt_id is None
+        or s.attempt_id == attempt_id
+        or (s.kind == LLM_STEP and s.payload.get("request_id") in reused)
+    ]
     discarded = {s.payload.get("request_id") for s in mine if s.kind == DISCARD_STEP}
     return [
         s

@@ -38,7 +38,7 @@ from rollfleet.model import LLM_STEP, StepIn
 log = logging.getLogger("rollfleet.engines")
 Recorder = Callable[[str, str, StepIn], Awaitable[None]]
 MAX_STICKY = 100_000
-MAX_PRIOR_ATTEMPTS, PRIOR_CALLS = 4096, 4  # the calls kept for token-in continuation
+MAX_PRIOR_ROLLOUTS, PRIOR_CALLS = 4096, 4  # the calls kept for token-in continuation
 
 
 @dataclass
@@ -125,22 +125,24 @@ class _Flight:
 
 
 class Priors:
-    """The last calls of each rollout attempt, so that its next call continues token-in
-    (:mod:`~rollfleet.engines.continuation`); bounded in attempts and calls per attempt."""
+    """The last calls of each rollout, so that its next call continues token-in
+    (:mod:`~rollfleet.engines.continuation`), in whichever attempt: a later attempt that resumes
+    the conversation continues from the calls an earlier one made. Bounded in rollouts and calls
+    per rollout; only a rollout's own calls are ever continued (a capability names its rollout)."""
 
-    def __init__(self, attempts: int = MAX_PRIOR_ATTEMPTS, calls: int = PRIOR_CALLS) -> None:
-        self.by_attempt: OrderedDict[str, list[PriorCall]] = OrderedDict()
-        self.attempts, self.calls = attempts, calls
+    def __init__(self, rollouts: int = MAX_PRIOR_ROLLOUTS, calls: int = PRIOR_CALLS) -> None:
+        self.by_rollout: OrderedDict[str, list[PriorCall]] = OrderedDict()
+        self.rollouts, self.calls = rollouts, calls
 
     def attach(
-        self, request: GenerationRequest, attempt_id: str | None, model: str
+        self, request: GenerationRequest, rollout_id: str | None, model: str
     ) -> GenerationRequest:
-        """``request`` with the latest earlier call of its attempt that it continues (or asks
+        """``request`` with the latest earlier call of its rollout that it continues (or asks
         again), when the same model answered it."""
-        if request.messages is None or not attempt_id or attempt_id not in self.by_attempt:
+        if request.messages is None or not rollout_id or rollout_id not in self.by_rollout:
             return request
         messages = request.messages
-        for prior in reversed(self.by_attempt[attempt_id]):
+        for prior in reversed(self.by_rollout[rollout_id]):
             if prior.model == model and (
                 prior.messages == messages or continues(prior, messages, request.tools)
             ):
@@ -148,10 +150,10 @@ class Priors:
         return request
 
     def remember(
-        self, request: GenerationRequest, result: Generation, attempt_id: str | None
+        self, request: GenerationRequest, result: Generation, rollout_id: str | None
     ) -> None:
-        """Keep a finished chat call as one its attempt's next calls may continue."""
-        if request.messages is None or not attempt_id or result.aborted:
+        """Keep a finished chat call as one its rollout's next calls may continue."""
+        if request.messages is None or not rollout_id or result.aborted:
             return
         call = PriorCall(
             request.request_id,
@@ -163,12 +165,12 @@ class Priors:
             result.text,
             request.tools,
         )
-        kept = self.by_attempt.setdefault(attempt_id, [])
+        kept = self.by_rollout.setdefault(rollout_id, [])
         kept.append(call)
         del kept[: -self.calls]
-        self.by_attempt.move_to_end(attempt_id)
-        while len(self.by_attempt) > self.attempts:
-            self.by_attempt.popitem(last=False)
+        self.by_rollout.move_to_end(rollout_id)
+        while len(self.by_rollout) > self.rollouts:
+            self.by_rollout.popitem(last=False)
 
 
 class Gateway:
@@ -251,7 +253,7 @@ class Gateway:
         """Route and run ``request``; yield deltas, record the call, then yield the result.
         A request with images goes to a replica that sees (ImageRefused when none does)."""
         replica = self.router.pick(rollout_id, vision=bool(request.images))
-        request = self.priors.attach(request, attempt_id, replica.engine.info().model)
+        request = self.priors.attach(request, rollout_id, replica.engine.info().model)
         flight = _Flight(request, replica, rollout_id)
         self._flights[request.request_id] = flight
         replica.in_flight += 1
@@ -261,7 +263,7 @@ class Gateway:
                 if isinstance(item, Generation):
                     item = read_tool_calls(request, item)  # recorded with the calls read
                     replica.served += 1
-                    self.priors.remember(request, item, attempt_id)
+                    self.priors.remember(request, item, rollout_id)
                     await self._record(
                         rollout_id, attempt_id, request, item, time.monotonic() - started, replica
                     )

@@ -29,13 +29,16 @@ ToolFn = Callable[[dict[str, Any]], Awaitable[str]]
 @dataclass(frozen=True)
 class Tool:
     """One tool an environment offers: a name, what it does, its parameters (strings unless
-    ``schema`` gives a parameter's JSON schema; all required but those in ``optional``)."""
+    ``schema`` gives a parameter's JSON schema; all required but those in ``optional``).
+    ``side_effects``: running it changes something outside the session's own state (sends,
+    pays, deletes): a resumed rollout never runs one call of it twice."""
 
     name: str
     description: str
     parameters: Mapping[str, str] = field(default_factory=dict)  # name -> description
     schema: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     optional: frozenset[str] = frozenset()
+    side_effects: bool = False
 
     def openai(self) -> dict[str, Any]:
         """The tool in OpenAI's ``tools`` format."""
@@ -157,7 +160,8 @@ class Mode(Protocol):
     environments that use this machine's CPU or do things to their process; True without it),
     ``pools_instances: bool`` (its environments come from a pool that ``--use-vm-pool`` shares
     among one process's rollouts), and ``observations`` (the ``--observation`` choices, the
-    first the default).
+    first the default), ``resume`` (how a crashed rollout's environment comes back:
+    ``replay``, ``snapshot`` or ``restart``, the default; :mod:`rollfleet.agents.resume`).
     """
 
     name: str

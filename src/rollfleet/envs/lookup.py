@@ -118,6 +118,7 @@ class LookupMode:
 
     name = "lookup"
     uses_tools = True
+    resume = "replay"  # its tools are deterministic: a crashed rollout goes on from its last turn
 
     def check(self, task: Any, where: str) -> None:
         """``question``, ``key``, and a ``table`` of at most 64 string keys and codes holding the

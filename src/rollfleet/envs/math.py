@@ -76,6 +76,7 @@ class MathMode:
 
     name = "math"
     uses_tools = False
+    resume = "replay"  # a crashed rollout reuses the reply its last attempt received
 
     def check(self, task: Any, where: str) -> None:
         """``question`` text and a numeric ``answer``."""

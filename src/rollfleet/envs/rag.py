@@ -145,6 +145,7 @@ class RagMode:
 
     name = "rag"
     uses_tools = True
+    resume = "replay"  # its tools are deterministic: a crashed rollout goes on from its last turn
 
     def check(self, task: Any, where: str) -> None:
         """``question`` and a non-empty list of string ``answers``."""

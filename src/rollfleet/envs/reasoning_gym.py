@@ -386,6 +386,7 @@ class ReasoningGymMode:
 
     name = "reasoning-gym"
     uses_tools = False
+    resume = "replay"  # a crashed rollout reuses the reply its last attempt received
 
     def check(self, task: Any, where: str) -> None:
         """The source fields, then the question, answer and metadata as the generator makes

@@ -232,6 +232,7 @@ class VerifiersMode:
 
     name = "verifiers"
     uses_tools = False
+    resume = "replay"  # a crashed rollout reuses the reply its last attempt received
 
     def __init__(self, ref: str | None = None) -> None:
         """The taskset ``ref``'s factory makes (``--mode verifiers:module:factory``)."""

@@ -17,8 +17,9 @@ from pydantic import ValidationError
 from rollfleet import refs
 from rollfleet.errors import AgentError, InvalidInput
 from rollfleet.model import RolloutConfig, RolloutResult
+from rollfleet.runner.context import RolloutContext
 
-AgentFn = Callable[[Any, Any], Awaitable[Any]]
+Agent = Callable[[Any, RolloutContext], Awaitable[Any]]  # (input, ctx) -> reward or result
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -48,7 +49,7 @@ def _import(ref: str) -> Any:
         raise AgentError(f"agent {ref!r}: {exc.message}") from None
 
 
-def load_agent(ref: str | Callable[..., Any]) -> AgentFn:
+def load_agent(ref: str | Callable[..., Any]) -> Agent:
     """Resolve and check an agent; a bad reference or signature fails here, not per rollout."""
     target: Any = _import(ref) if isinstance(ref, str) else ref
     label = ref if isinstance(ref, str) else getattr(ref, "__qualname__", repr(ref))
@@ -69,7 +70,7 @@ def load_agent(ref: str | Callable[..., Any]) -> AgentFn:
         inspect.signature(target).bind(None, None)
     except TypeError:
         raise AgentError(f"agent {label!r} must take two arguments: (input, ctx)") from None
-    fn: AgentFn = target
+    fn: Agent = target
     return fn
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -35,13 +36,15 @@ from rollfleet.model import (
     Resources,
     Rollout,
     RolloutResult,
+    Step,
+    StepIn,
     WorkerStatus,
 )
-from rollfleet.runner.agent import AgentFn, agent_defaults, load_agent, to_result
+from rollfleet.runner.agent import Agent, agent_defaults, load_agent, to_result
 from rollfleet.runner.batching import NaturalBatcher
-from rollfleet.runner.context import RolloutContext
+from rollfleet.runner.context import AttemptContext
 from rollfleet.runner.describe import describe, input_preview
-from rollfleet.store.base import Store
+from rollfleet.store.base import Store, read_all
 from rollfleet.web.errors import error_named
 
 log = logging.getLogger("rollfleet.runner")
@@ -69,7 +72,7 @@ class RunnerStats:
 @dataclass
 class _Live:
     rollout: Rollout
-    ctx: RolloutContext
+    ctx: AttemptContext
     task: asyncio.Task[None] | None = None
     release: bool = False
     stopped_by_store: bool = False
@@ -86,7 +89,7 @@ class Runner:
     def __init__(
         self,
         store: Store,
-        agent: AgentFn | str,
+        agent: Agent | str,
         *,
         worker_id: str | None = None,
         concurrency: int = 1,
@@ -239,7 +242,11 @@ class Runner:
         resources = await self._latest_resources()
         for rollout in rollouts:
             self.stats.claimed += 1
-            ctx = RolloutContext(rollout, resources)
+            ctx = AttemptContext(rollout, resources)
+            ctx.bind(
+                functools.partial(self._record_steps, rollout, ctx.attempt_id),
+                functools.partial(self._earlier_steps, rollout, ctx.attempt_id),
+            )
             live = _Live(rollout, ctx)
             assert rollout.attempt is not None
             self._live[rollout.attempt.attempt_id] = live
@@ -254,6 +261,25 @@ class Runner:
                 rollout_id=rollout.rollout_id,
                 input=input_preview(rollout.input),
             )
+
+    async def _record_steps(self, rollout: Rollout, attempt_id: str, steps: list[StepIn]) -> None:
+        """An agent's durable record: written now, through a server restart (within a lease)."""
+        await self._until_reached(
+            lambda: self.store.add_steps(attempt_id, steps),
+            rollout.config.heartbeat_s,
+            f"the steps of {rollout.rollout_id}",
+        )
+
+    async def _earlier_steps(self, rollout: Rollout, attempt_id: str) -> list[Step]:
+        """Every step of ``rollout`` that attempts other than ``attempt_id`` recorded."""
+        steps = await self._until_reached(
+            lambda: read_all(
+                lambda cursor: self.store.query_steps(rollout.rollout_id, cursor=cursor, limit=1000)
+            ),
+            rollout.config.heartbeat_s,
+            f"the earlier steps of {rollout.rollout_id}",
+        )
+        return [s for s in steps if s.attempt_id != attempt_id]
 
     async def _latest_resources(self) -> Resources | None:
         fetched_at, cached = self._resources
@@ -311,7 +337,7 @@ class Runner:
             )
             self._cancel(live, by_store=True)
 
-    async def _call_agent(self, rollout: Rollout, ctx: RolloutContext) -> Any:
+    async def _call_agent(self, rollout: Rollout, ctx: AttemptContext) -> Any:
         """Run the agent, inside a lease on an environment when the runner has an env source."""
         if self.env is None:
             return await self.agent(rollout.input, ctx)
