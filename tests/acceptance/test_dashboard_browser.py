@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -383,6 +383,83 @@ def test_detail_page_shows_a_screenshot_stored_once_by_content(
         expect(shots.nth(i)).to_have_attribute("src", url)  # fetched from /blobs with the token
     size = shots.nth(0).evaluate("img => [img.naturalWidth, img.naturalHeight]")
     assert size == [64, 48]  # the browser decoded the real image
+
+
+def _retried(
+    store: Any, priority: int, first: list[StepIn], second: Callable[[str], list[StepIn]]
+) -> str:
+    """A rollout whose first attempt recorded ``first`` and failed, and whose second recorded
+    ``second(<the first attempt's id>)`` and succeeded."""
+    rollout = store.enqueue_rollout(
+        {"task": priority}, mode="files", priority=priority, config={"retry_delay_s": 0}
+    )  # claimed again at once below
+    attempt = store.claim("resume-worker")[0].attempt
+    store.add_steps(attempt.attempt_id, first)
+    store.complete(attempt.attempt_id, AttemptStatus.FAILED, None, "runner killed")
+    retry = store.claim("resume-worker")[0].attempt
+    assert retry.rollout_id == rollout.rollout_id and retry.sequence == 2
+    store.add_steps(retry.attempt_id, second(attempt.attempt_id))
+    store.complete(retry.attempt_id, AttemptStatus.SUCCEEDED, RolloutResult(reward=1.0))
+    return str(rollout.rollout_id)
+
+
+def test_detail_page_shows_where_each_attempt_started_and_what_it_reused(
+    server: ServerThread, store: Any, page: Page
+) -> None:
+    call = {"name": "ls", "args": {}, "call_id": "c0"}
+    first = [
+        StepIn(kind="reply", payload={"turn": 0, "request_id": "req-0", "calls": [call]}),
+        StepIn(kind="tool_result", payload={"turn": 0, "index": 0, "observation": "a.txt"}),
+        StepIn(kind="turn", payload={"turn": 0, "request_id": "req-0", "content": "ls"}),
+    ]
+    resumed = {"attempt": 2, "strategy": "replay", "from_turn": 1, "reused_results": 1}
+    rollout_id = _retried(
+        store,
+        500,
+        first,
+        lambda earlier: [
+            StepIn(
+                kind="resume",
+                payload={**resumed, "reused_calls": ["req-0"], "from_attempts": [earlier]},
+            ),
+            StepIn(kind="turn", payload={"turn": 0, "request_id": "req-0", "reused": True}),
+            StepIn(kind="turn", payload={"turn": 1, "request_id": "req-1"}),
+        ],
+    )
+    page.goto(f"{server.url}/#/rollouts/{rollout_id}")
+    starts = page.locator("#detail td.start")
+    expect(starts).to_have_count(2)
+    expect(starts.nth(0)).to_have_text("turn 0")
+    expect(starts.nth(1)).to_have_attribute("data-from-turn", "1")
+    expect(starts.nth(1)).to_contain_text("turn 1 replay")
+    expect(starts.nth(1)).to_contain_text("took over 1 turn from")
+    expect(starts.nth(1)).to_contain_text("reused 1 call, 1 tool result")
+    first_id = page.locator("#detail table.grid tbody tr").nth(0).locator("td").nth(1)
+    expect(starts.nth(1).locator(".reused .mono")).to_have_attribute(
+        "title", first_id.inner_text().strip()
+    )
+    reused = page.locator(".timeline > li.reused")
+    expect(reused).to_have_count(1)
+    expect(reused.locator(".tag.reused")).to_have_text("reused")
+    expect(reused.locator(".summary")).to_have_text("turn 0")
+    expect(page.locator(".timeline > li.k-resume .summary")).to_contain_text(
+        "replay: from turn 1, reused 1 call, 1 tool result"
+    )
+
+    why = "mode desktop declares no resume: restarted from turn 0"
+    restart = {"attempt": 2, "strategy": "restart", "from_turn": 0, "reused_calls": []}
+    rollout_id = _retried(
+        store,
+        510,
+        first,
+        lambda _: [StepIn(kind="resume", payload={**restart, "reused_results": 0, "reason": why})],
+    )
+    page.goto(f"{server.url}/#/rollouts/{rollout_id}")
+    start = page.locator("#detail td.start").nth(1)
+    expect(start).to_have_attribute("data-strategy", "restart")
+    expect(start).to_contain_text("turn 0 restart")
+    expect(start.locator(".restarted")).to_have_text(why)
+    expect(page.locator(".timeline > li.reused")).to_have_count(0)
 
 
 def test_overview_counts_match_the_store(server: ServerThread, store: Any, page: Page) -> None:

@@ -23,7 +23,7 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from rollfleet.errors import InvalidInput, NotFound
-from rollfleet.model import RolloutStatus
+from rollfleet.model import RESUME_STEP, Attempt, RolloutStatus
 from rollfleet.server.dashboard import views
 from rollfleet.server.dashboard.live import (
     EXTRA_SECTIONS,
@@ -46,6 +46,8 @@ MEDIA_TYPES = {
     ".svg": "image/svg+xml",
 }
 ASSET_PREFIX = "/dashboard/assets/"
+MAX_ATTEMPTS = 1000  # attempts a rollout's page lists
+RESUME_SCAN = 200  # steps of a later attempt read to find its resume step (before its first turn)
 
 
 def _read_assets() -> dict[str, bytes]:
@@ -143,6 +145,13 @@ def _data_routes(r: APIRouter, store: Store, extras: dict[str, Any], hub: LiveHu
             {"items": [views.rollout_row(x) for x in page.items], "next_cursor": page.next_cursor}
         )
 
+    @r.get("/dashboard/api/rollouts/{rollout_id}/attempts", include_in_schema=False)
+    async def rollout_attempts(rollout_id: str) -> Response:
+        await store.get_rollout(rollout_id)  # NotFound: 404
+        attempts = (await store.query_attempts(rollout_id, limit=MAX_ATTEMPTS)).items
+        rows = [views.attempt_row(a, await _resume_of(store, a)) for a in attempts]
+        return as_json({"items": rows})
+
     @r.get("/dashboard/api/overview", include_in_schema=False)
     async def overview() -> Response:
         now = time.time()
@@ -177,6 +186,15 @@ def _data_routes(r: APIRouter, store: Store, extras: dict[str, Any], hub: LiveHu
     async def events() -> StreamingResponse:
         headers = {"cache-control": "no-cache", "x-accel-buffering": "no"}
         return StreamingResponse(_stream(hub), media_type="text/event-stream", headers=headers)
+
+
+async def _resume_of(store: Store, attempt: Attempt) -> dict[str, Any] | None:
+    """The payload of the ``resume`` step a later attempt recorded before its first turn (None for
+    a first attempt, or one whose agent recorded none among its first steps)."""
+    if attempt.sequence <= 1:
+        return None
+    steps = await store.query_steps(attempt.rollout_id, attempt.attempt_id, limit=RESUME_SCAN)
+    return next((s.payload for s in steps.items if s.kind == RESUME_STEP), None)
 
 
 async def _stream(hub: LiveHub) -> AsyncIterator[bytes]:

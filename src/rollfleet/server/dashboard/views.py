@@ -1,4 +1,5 @@
-"""What the dashboard shows, computed from store records: slim rollout rows, runners, history.
+"""What the dashboard shows, computed from store records: slim rollout rows, attempts with where
+they started, runners, history.
 
 These are pure functions and one small accumulator; the router and the live hub call them.
 """
@@ -6,11 +7,11 @@ These are pure functions and one small accumulator; the router and the live hub 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollfleet.model import Rollout, RolloutStatus, Statistics, Worker, WorkerStatus
+from rollfleet.model import Attempt, Rollout, RolloutStatus, Statistics, Worker, WorkerStatus
 
 HISTORY_S = 3600.0  # the overview's charts cover the last hour
 BUCKET_S = 60.0  # one bar per minute
@@ -36,6 +37,50 @@ def rollout_row(r: Rollout) -> dict[str, Any]:
         "reward": r.result.reward if r.result else None,
         "error": (r.error or (att.error if att else None) or "")[:ERROR_CHARS] or None,
     }
+
+
+def _count(value: Any) -> int:
+    """A non-negative count from a runner's payload; 0 for anything else."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return value if ok else 0
+
+
+def attempt_start(resume: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Where an attempt started and what it took over from earlier attempts, from the payload of
+    its ``resume`` step (rollfleet.agents.resume); without one it started at turn 0, reusing
+    nothing. ``restarted``: a resume step says it started over from turn 0 (the mode cannot
+    resume, or a replay diverged; ``reason`` says which)."""
+    if resume is None:
+        return {
+            "recorded": False,
+            "strategy": None,
+            "from_turn": 0,
+            "reused_calls": 0,
+            "reused_results": 0,
+            "from_attempts": [],
+            "reason": None,
+            "restarted": False,
+        }
+    strategy, reason = resume.get("strategy"), resume.get("reason")
+    calls, earlier = resume.get("reused_calls"), resume.get("from_attempts")
+    from_turn = _count(resume.get("from_turn"))
+    return {
+        "recorded": True,
+        "strategy": strategy if isinstance(strategy, str) else None,
+        "from_turn": from_turn,
+        "reused_calls": len(calls) if isinstance(calls, list) else 0,
+        "reused_results": _count(resume.get("reused_results")),
+        "from_attempts": [a for a in earlier if isinstance(a, str)]
+        if isinstance(earlier, list)
+        else [],
+        "reason": reason if isinstance(reason, str) and reason else None,
+        "restarted": from_turn == 0,
+    }
+
+
+def attempt_row(a: Attempt, resume: Mapping[str, Any] | None) -> dict[str, Any]:
+    """One row of a rollout's attempts: the attempt, and where it started (``start``)."""
+    return {**a.model_dump(mode="json"), "start": attempt_start(resume)}
 
 
 def effective_status(w: Worker) -> WorkerStatus:

@@ -1,5 +1,6 @@
-// Rollout detail: input, attempts with their workers and errors, the trajectory as a timeline,
-// raw JSON on demand; reloads itself when the live stream says this rollout changed.
+// Rollout detail: input, attempts with their workers, errors and the turn each started at (what it
+// took over from earlier attempts), the trajectory as a timeline (turns taken over marked), raw
+// JSON on demand; reloads itself when the live stream says this rollout changed.
 
 import { api, query } from "./api.js";
 import { badge, clear, compact, confirmDialog, copyButton, fmtDateTime, fmtDuration, fmtNum, h, idText, json, table, toast } from "./ui.js";
@@ -29,7 +30,7 @@ export function mount(root, { arg: id, live }) {
     try {
       const [r, attempts, steps] = await Promise.all([
         api(`/rollouts/${encodeURIComponent(id)}`),
-        api(`/attempts${query({ rollout_id: id, limit: 1000 })}`),
+        api(`/dashboard/api/rollouts/${encodeURIComponent(id)}/attempts`),
         allSteps(id),
       ]);
       if (!dead) render(body, r, attempts.items, steps, load);
@@ -116,10 +117,29 @@ function attemptsTable(attempts) {
       h("td", {}, badge(a.status)),
       h("td", {}, fmtDateTime(a.started_at)),
       h("td", { class: "num" }, fmtDuration(a.finished_at ? a.finished_at - a.started_at : null)),
+      startCell(a),
       h("td", { class: "error" }, a.error || ""),
     ),
   );
-  return table(["#", "attempt", "worker", "status", "started", "duration", "error"], rows, { empty: "Not claimed yet." });
+  return table(["#", "attempt", "worker", "status", "started", "duration", "from turn", "error"], rows, { empty: "Not claimed yet." });
+}
+
+// Where an attempt started: turn 0, or the turn after those it took over from earlier attempts
+// (its "resume" step: the strategy, what it reused, why it restarted when it did).
+function startCell(a) {
+  const s = a.start || { recorded: false, from_turn: 0 };
+  const turn = h("span", { class: "start-turn" }, `turn ${s.from_turn}`);
+  const attrs = { class: "start", dataset: { fromTurn: s.from_turn, strategy: s.strategy || "" } };
+  if (!s.recorded) return h("td", attrs, turn, a.sequence > 1 ? h("div", { class: "muted small" }, "no resume step recorded") : null);
+  const lines = [h("div", {}, turn, " ", h("span", { class: "tag strategy", title: "the mode's resume strategy" }, s.strategy || "?"))];
+  if (s.restarted) {
+    if (!s.reason || !s.reason.includes("restarted from turn 0")) lines.push(h("div", { class: "restarted" }, "restarted from turn 0"));
+  } else {
+    const from = s.from_attempts.length ? [" from ", s.from_attempts.flatMap((id, i) => (i ? [", ", idText(id)] : [idText(id)]))] : null;
+    lines.push(h("div", { class: "reused small" }, `took over ${plural(s.from_turn, "turn")}`, from, `: reused ${plural(s.reused_calls, "call")}, ${plural(s.reused_results, "tool result")}`));
+  }
+  if (s.reason) lines.push(h("div", { class: `reason small${s.restarted ? " restarted" : ""}` }, s.reason));
+  return h("td", attrs, lines);
 }
 
 function timeline(steps) {
@@ -128,13 +148,19 @@ function timeline(steps) {
   return h(
     "ol",
     { class: "timeline" },
-    steps.map((s) => h("li", { class: `step k-${s.kind}` }, h("div", { class: "step-head" }, h("span", { class: "kind" }, s.kind), h("span", { class: "muted" }, `+${fmtDuration(s.timestamp - t0)}`), stepSummary(s)), stepBody(s))),
+    steps.map((s) => {
+      const reused = (s.payload || {}).reused === true;
+      const mark = reused ? h("span", { class: "tag reused", title: "taken over from an earlier attempt: the model was not asked again" }, "reused") : null;
+      return h("li", { class: `step k-${s.kind}${reused ? " reused" : ""}` }, h("div", { class: "step-head" }, h("span", { class: "kind" }, s.kind), mark, h("span", { class: "muted" }, `+${fmtDuration(s.timestamp - t0)}`), stepSummary(s)), stepBody(s));
+    }),
   );
 }
 
 function stepSummary(s) {
   const p = s.payload || {};
   const bits = [];
+  if (Number.isInteger(p.turn)) bits.push(`turn ${p.turn}`);
+  if (s.kind === "resume") bits.push(resumeSummary(p));
   const usage = p.usage || {};
   const prompt = usage.prompt_tokens ?? (p.prompt_token_ids ? p.prompt_token_ids.length : undefined);
   const completion = usage.completion_tokens ?? (p.completion_token_ids ? p.completion_token_ids.length : undefined);
@@ -149,6 +175,15 @@ function stepSummary(s) {
   if (reward !== undefined) bits.push(`reward ${fmtNum(reward)}`);
   if (p.name || p.tool) bits.push(`tool ${p.name || p.tool}`);
   return h("span", { class: "summary" }, bits.join(" · "));
+}
+
+function plural(n, word) {
+  return `${n} ${word}${n === 1 ? "" : "s"}`;
+}
+
+function resumeSummary(p) {
+  const calls = Array.isArray(p.reused_calls) ? p.reused_calls.length : 0;
+  return `${p.strategy || "?"}: from turn ${p.from_turn ?? 0}, reused ${plural(calls, "call")}, ${plural(p.reused_results ?? 0, "tool result")}`;
 }
 
 // Images in steps are stored once, by content: the step holds "rollfleet-blob:<sha256>", the bytes
