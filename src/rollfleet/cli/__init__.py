@@ -23,7 +23,7 @@ def _register() -> None:
 
     for module in (store_cmds, workers, demo, tasks):
         module.register(app)
-    for optional in ("gateway", "pool", "run", "batches", "train", "env"):
+    for optional in ("gateway", "pool", "run", "batches", "train", "env", "replay"):
         try:
             module = __import__(f"rollfleet.cli.{optional}", fromlist=["register"])
         except ModuleNotFoundError as exc:

@@ -174,6 +174,7 @@ class EngineInfo:
     healthy: bool
     base_url: str | None = None
     vision: bool = False
+    adapters: bool = False  # applies LoRA adapters pushed as such (rollfleet.engines.lora)
 
 
 @runtime_checkable
@@ -217,6 +218,7 @@ class BaseEngine:
     name = "base"
     max_concurrency = 1
     vision = False  # True for engines that take image parts
+    adapters = False  # True for engines that apply LoRA adapters pushed as such
 
     def __init__(self, model: str) -> None:
         self.model = model

@@ -31,6 +31,7 @@ from typing import Any
 from rollfleet.engines.base import Engine, Generation, GenerationRequest, StreamItem, WeightsDelta
 from rollfleet.engines.continuation import PriorCall, continues, token_in
 from rollfleet.engines.images import cannot_see
+from rollfleet.engines.lora import LoraAdapter
 from rollfleet.engines.tool_calls import read_tool_calls
 from rollfleet.errors import Conflict, EngineError, InvalidInput, NotFound
 from rollfleet.model import LLM_STEP, StepIn
@@ -331,6 +332,8 @@ class Gateway:
                 raise Conflict(f"weights version {version} is not newer than {current}")
             if not self.router.replicas:
                 raise EngineError("gateway: no engine replica to update")
+            if isinstance(tensors, LoraAdapter):
+                self._check_adapters(base)
             if base is not None:
                 replicas = self.router.replicas.values()
                 others = [
@@ -365,6 +368,25 @@ class Gateway:
                 "pause_s": pauses,
                 "replicas": self.replicas(),
             }
+
+    @property
+    def takes_adapters(self) -> bool:
+        """Whether every replica applies LoRA adapters pushed as such (none: merge them)."""
+        replicas = self.router.replicas.values()
+        return bool(replicas) and all(r.engine.info().adapters for r in replicas)
+
+    def _check_adapters(self, base: int | None) -> None:
+        """InvalidInput unless every replica takes an adapter (one replaces the last whole, so
+        it has no base)."""
+        if base is not None:
+            raise InvalidInput("weights: a LoRA adapter replaces the last one whole: no base")
+        refusing = [
+            r.replica_id for r in self.router.replicas.values() if not r.engine.info().adapters
+        ]
+        if refusing:
+            raise InvalidInput(
+                f"weights: {', '.join(refusing)} cannot apply a LoRA adapter; push merged weights"
+            )
 
     @property
     def in_flight(self) -> int:

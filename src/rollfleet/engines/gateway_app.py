@@ -134,7 +134,8 @@ def gateway_router(
         that is not newer, or while another push is being received; 422 for one more than 1000
         ahead unless X-Rollfleet-Weights-Jump: 1. X-Rollfleet-Weights-Delta: 1 with
         X-Rollfleet-Weights-Base: N sends only some tensors, computed against version N: 409
-        unless every replica serves N."""
+        unless every replica serves N. X-Rollfleet-Weights-Lora-Alpha: A makes it a LoRA
+        adapter (rollfleet.engines.lora): 422 unless every replica applies adapters."""
         from rollfleet.engines.weights_wire import JUMP_HEADER, MAX_STEP
 
         try:
@@ -161,14 +162,20 @@ def gateway_router(
 
     async def _receive(version: int, request: Request) -> Response:
         """Read one push (body or memfd) and install it (RollfleetError when refused)."""
+        from rollfleet.engines.lora import LoraAdapter
         from rollfleet.engines.weights_wire import (
             FILE_HEADER,
             decode,
             delta_base,
+            lora_alpha,
             mapped_push_memfd,
         )
 
-        base = delta_base(request.headers)
+        base, alpha = delta_base(request.headers), lora_alpha(request.headers)
+
+        def named(tensors: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+            return tensors if alpha is None else LoraAdapter(tensors, alpha)
+
         if base is not None and gateway.weights_version != base:  # checked again at install
             raise Conflict(
                 f"weights delta computed against version {base}, but the gateway serves"
@@ -177,11 +184,11 @@ def gateway_router(
         path = request.headers.get(FILE_HEADER)
         if path is None:  # the push is the body
             tensors = await decode(request.stream())
-            answer = await gateway.update_weights(tensors, version, base=base)
+            answer = await gateway.update_weights(named(tensors), version, base=base)
         else:  # a client on this host wrote it to a sealed memfd
             with mapped_push_memfd(path) as view:
                 tensors = await decode(view)
-                answer = await gateway.update_weights(tensors, version, base=base)
+                answer = await gateway.update_weights(named(tensors), version, base=base)
                 del tensors  # before the mapping closes
         return Response(orjson.dumps(answer), media_type="application/json")
 

@@ -40,12 +40,19 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from rollfleet.engines.base import Delta, FinishReason, GenerationRequest, WeightSource
+from rollfleet.engines.base import (
+    Delta,
+    FinishReason,
+    GenerationRequest,
+    SamplingParams,
+    WeightSource,
+)
 from rollfleet.engines.continuation import continued_prompt
-from rollfleet.engines.gguf_export import WeightUpdate, check_out_type, weights_gguf
+from rollfleet.engines.gguf_export import WeightUpdate, check_out_type, read_base, weights_gguf
 from rollfleet.engines.llamacpp_model import (
     LlamaCppModel,
     TextDecoder,
@@ -55,6 +62,7 @@ from rollfleet.engines.llamacpp_model import (
     gguf_cache_dir,
     sample,
 )
+from rollfleet.engines.lora import LoraAdapter, write_adapter_gguf
 from rollfleet.engines.threaded import STOP, Pending, ThreadedEngine
 from rollfleet.errors import EngineError
 
@@ -100,6 +108,7 @@ class LlamaCppEngine(ThreadedEngine):
     """llama.cpp on CPU with continuous batching; the rollfleet default engine."""
 
     name = "llamacpp"
+    adapters = True
 
     def __init__(
         self,
@@ -179,6 +188,8 @@ class LlamaCppEngine(ThreadedEngine):
         the first 4 s), generation slowed meanwhile; generation stopped 0.34-0.39 s for the swap,
         0.43-0.48 s between two tokens (docs/engines.md, "Weights into llama.cpp").
         """
+        if isinstance(weights, LoraAdapter):
+            return await self._update_adapter(weights, version)
         started = time.perf_counter()
         path, exported = await weights_gguf(
             weights, self.path, self.cache_dir / "weights", self.export_type, self.model
@@ -207,6 +218,42 @@ class LlamaCppEngine(ThreadedEngine):
         log.info("llamacpp: weights version %d from %s (%s)", new, path, self.last_update)
         return new
 
+    async def _update_adapter(self, adapter: LoraAdapter, version: int | None) -> int:
+        """Apply a LoRA adapter to the base model (:mod:`~rollfleet.engines.lora`): written as
+        a GGUF adapter while generation goes on, set between two decode steps, running requests
+        prefilled again under it. It replaces the adapter served before; an engine serving
+        pushed weights refuses it (they are not the base the adapter was trained on)."""
+        if self._exported is not None:
+            raise EngineError(
+                f"llamacpp: a LoRA adapter applies to the base model, but this engine serves "
+                f"pushed weights (version {self.version}); push merged weights instead"
+            )
+        started = time.perf_counter()
+        target = self.cache_dir / "adapters" / f"{self.model}-{os.getpid()}-{id(adapter)}.gguf"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        base = await asyncio.to_thread(read_base, self.served)
+        try:
+            await asyncio.to_thread(write_adapter_gguf, base, adapter, target)
+        except Exception:
+            target.unlink(missing_ok=True)
+            raise
+        asked = time.perf_counter()
+
+        def swap() -> tuple[float, int]:  # on the scheduler thread, between two decode steps
+            begun = time.perf_counter()
+            assert self.llm is not None
+            try:
+                self.llm.set_adapter(target)
+            finally:
+                target.unlink(missing_ok=True)  # llama.cpp read it whole
+            return begun, self._next_version(version)
+
+        begun, new = await self.on_worker(swap)
+        done = time.perf_counter()
+        self.last_update = WeightUpdate(target, asked - started, begun - asked, done - begun)
+        log.info("llamacpp: weights version %d: LoRA adapter (%s)", new, self.last_update)
+        return new
+
     def work(self) -> None:
         """The scheduler thread: run the batching loop, fail requests loudly on a crash."""
         assert self.llm is not None
@@ -222,6 +269,39 @@ class LlamaCppEngine(ThreadedEngine):
             if self.llm is not None:
                 self.llm.close()
                 self.llm = None
+
+
+EOG, STOP_STRING = "eog", "stop string"  # how a sampled token can end a reply
+
+
+def prompt_ids(llm: Any, request: GenerationRequest) -> list[int]:
+    """The prompt ids the engine runs ``request`` with: a chat continued token-in from its
+    ``prior`` call where that holds, else rendered by the chat template and tokenized; a text
+    prompt tokenized; token ids as they are (``llm``: a LlamaCppModel, or its vocabulary)."""
+    if request.messages is not None:
+        return continued_prompt(llm, request.prior, request.messages, request.tools) or (
+            llm.tokenize(llm.template.render(request.messages, True, request.tools))
+        )
+    if isinstance(request.prompt, str):
+        return list(llm.tokenize(request.prompt))
+    return list(request.prompt or [])
+
+
+def read_token(
+    llm: Any, decoder: TextDecoder, token: int, params: SamplingParams
+) -> tuple[str, str | None]:
+    """What a sampled token does to its reply: ``(the text it adds, why the reply ends)``, the
+    end :data:`EOG` for an end-of-generation token (kept as the reply's last token, adding no
+    text), :data:`STOP_STRING` when the text now holds a stop string (cut before it), else
+    None."""
+    if llm.is_eog(token) and not params.ignore_eos:
+        return "", EOG
+    new_text = decoder.feed(llm.piece(token))
+    cut = find_stop(decoder.text, params.stop)
+    if cut >= 0:
+        decoder.text = decoder.text[:cut]
+        return new_text, STOP_STRING
+    return new_text, None
 
 
 class _Scheduler:
@@ -302,14 +382,8 @@ class _Scheduler:
             self.running[slot] = _Seq(pending, slot, prompt, rng, prefilled=kept, spans=spans)
 
     def _prompt_ids(self, request: GenerationRequest) -> list[int]:
-        if request.messages is not None:
-            ids = continued_prompt(
-                self.llm, request.prior, request.messages, request.tools
-            ) or self.llm.tokenize(self.llm.template.render(request.messages, True, request.tools))
-        elif isinstance(request.prompt, str):
-            ids = self.llm.tokenize(request.prompt)
-        else:
-            ids = list(request.prompt or [])
+        assert self.llm is not None
+        ids = prompt_ids(self.llm, request)
         if not ids or len(ids) >= self.engine.ctx_per_seq:
             raise EngineError(
                 f"llamacpp: prompt of {len(ids)} tokens does not fit the context of"
@@ -376,14 +450,12 @@ class _Scheduler:
             self.engine.first_token_at = time.monotonic()
         seq.out.append(token)
         seq.logprobs.append(logprob)
-        if self.llm.is_eog(token) and not params.ignore_eos:  # the stop is an action: kept
+        new_text, end = read_token(self.llm, seq.decoder, token, params)
+        if end == EOG:  # the stop is an action: kept
             seq.pending.emit(Delta("", (token,), (logprob,)))
             self._finish(seq, FinishReason.STOP)
             return
-        new_text = seq.decoder.feed(self.llm.piece(token))
-        cut = find_stop(seq.decoder.text, params.stop)
-        if cut >= 0:
-            seq.decoder.text = seq.decoder.text[:cut]
+        if end == STOP_STRING:
             self._finish(seq, FinishReason.STOP)
             return
         seq.pending.emit(Delta(new_text, (token,), (logprob,)))

@@ -309,6 +309,7 @@ class LlamaCppModel:
         bos = self.model.token_get_text(self.model.token_bos())
         eos = self.model.token_get_text(self.model.token_eos())
         self.template = ChatTemplate(meta.get("tokenizer.chat_template"), bos, eos)
+        self.adapter: Any = None  # the LoRA adapter applied (freed with the model)
         self.cached: dict[int, list[int]] = {}  # slot -> the tokens its KV cache holds
 
     def tokenize(self, text: str) -> list[int]:
@@ -385,6 +386,24 @@ class LlamaCppModel:
         return np.ctypeslib.as_array(
             ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,)
         )
+
+    def set_adapter(self, path: Path) -> None:
+        """Apply the LoRA adapter file at ``path`` (in place of the one applied before) and drop
+        every KV cache, computed without it; EngineError, with nothing changed, when llama.cpp
+        refuses the file."""
+        adapter = self.lib.llama_adapter_lora_init(self.model.model, str(path).encode())
+        if not adapter:
+            raise EngineError(f"llamacpp: llama.cpp refused the LoRA adapter {path.name}")
+        adapters = (self.lib.llama_adapter_lora_p_ctypes * 1)(adapter)
+        scales = (ctypes.c_float * 1)(1.0)
+        if self.lib.llama_set_adapters_lora(self.ctx.ctx, adapters, 1, scales) != 0:
+            self.lib.llama_adapter_lora_free(adapter)
+            raise EngineError(f"llamacpp: llama.cpp could not apply the LoRA adapter {path.name}")
+        if self.adapter is not None:
+            self.lib.llama_adapter_lora_free(self.adapter)
+        self.adapter = adapter
+        self.ctx.kv_cache_clear()  # type: ignore[no-untyped-call]
+        self.cached.clear()
 
     def close(self) -> None:
         """Free the batch, context and model."""

@@ -175,6 +175,7 @@ class ThreadedEngine(BaseEngine):
             self.max_concurrency,
             self._thread is not None,
             vision=self.vision,
+            adapters=self.adapters,
         )
 
     def stream(self, request: GenerationRequest) -> AsyncIterator[StreamItem]:

@@ -16,11 +16,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from rollfleet.engines.base import WeightsDelta
+from rollfleet.engines.lora import LoraAdapter
 from rollfleet.engines.weights_wire import (
     BASE_HEADER,
     DELTA_HEADER,
     FILE_HEADER,
     JUMP_HEADER,
+    LORA_HEADER,
     MAGIC,
     PUSH_BUCKET_BYTES,
     decode,
@@ -105,6 +107,7 @@ async def push_weights(
     delta: bool = False,
     base: int | None = None,
     jump: bool = False,
+    lora_alpha: float | None = None,
 ) -> dict[str, Any]:
     """Send named tensors as weights ``version`` to a gateway: a :class:`Gateway` in this
     process, or its URL. To a URL on this host (``transport="auto"`` on Linux, or ``"file"``)
@@ -119,7 +122,9 @@ async def push_weights(
     A full push names every weight. ``delta=True`` sends only some (:func:`changed` finds them),
     computed against weights version ``base`` (required): the rest keep their values, and the
     gateway refuses with Conflict unless every replica serves ``base``. A gateway over HTTP
-    refuses a version more than 1000 past the one it serves unless ``jump``."""
+    refuses a version more than 1000 past the one it serves unless ``jump``. ``lora_alpha``
+    makes the tensors a LoRA adapter (:mod:`~rollfleet.engines.lora`), for gateways whose
+    replicas all apply adapters."""
     from rollfleet.engines.gateway import Gateway
 
     if delta != (base is not None):
@@ -129,8 +134,11 @@ async def push_weights(
         )
     named = untied(tensors)
     if isinstance(target, Gateway):
-        return await target.update_weights(named, version, base=base)
+        sent = named if lora_alpha is None else LoraAdapter(named, lora_alpha)
+        return await target.update_weights(sent, version, base=base)
     headers = {} if base is None else {DELTA_HEADER: "1", BASE_HEADER: str(base)}
+    if lora_alpha is not None:
+        headers[LORA_HEADER] = repr(float(lora_alpha))
     if jump:
         headers[JUMP_HEADER] = "1"
     host = urlsplit(str(target)).hostname

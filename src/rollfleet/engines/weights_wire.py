@@ -56,6 +56,7 @@ DELTA_HEADER = "x-rollfleet-weights-delta"
 JUMP_HEADER = "x-rollfleet-weights-jump"  # "1": the version may advance by more than MAX_STEP
 MAX_STEP = 1000  # how far one push may move the version without JUMP_HEADER
 BASE_HEADER = "x-rollfleet-weights-base"
+LORA_HEADER = "x-rollfleet-weights-lora-alpha"  # the push is a LoRA adapter with this alpha
 MEMFD_PATH = re.compile(r"/proc/[1-9][0-9]{0,9}/fd/[0-9]{1,10}")  # what FILE_HEADER may name
 DTYPES = {
     "float32": 4, "float16": 2, "bfloat16": 2, "float64": 8,
@@ -89,6 +90,21 @@ def delta_base(headers: Mapping[str, str]) -> int | None:
             f"weights: a delta needs {BASE_HEADER}: the version it was computed against"
         )
     return int(raw)
+
+
+def lora_alpha(headers: Mapping[str, str]) -> float | None:
+    """The alpha of a push its headers say is a LoRA adapter (None: weights); InvalidInput for
+    a value that is not a positive number."""
+    raw = headers.get(LORA_HEADER)
+    if raw is None:
+        return None
+    try:
+        alpha = float(raw)
+    except ValueError:
+        alpha = float("nan")
+    if not 0 < alpha < float("inf"):
+        raise InvalidInput(f"weights: {LORA_HEADER} must be a positive number, not {raw[:20]!r}")
+    return alpha
 
 
 def dtype_name(tensor: Any) -> str:

@@ -360,10 +360,21 @@ async def publish(
     base: int,
     token: str | None = None,
 ) -> None:
-    """Push ``model``'s weights to the engines behind ``gateway`` as ``version`` (under LoRA a
-    delta against ``base``, the version they serve) and tell ``coordinator`` they serve it."""
+    """Push ``model``'s weights to the engines behind ``gateway`` as ``version`` and tell
+    ``coordinator`` they serve it. Under LoRA: the adapter itself when every engine behind a
+    gateway in this process applies adapters (llama.cpp: a few MB, no model written), else the
+    merged q/v matrices as a delta against ``base``, the version they serve."""
+    from rollfleet.engines.gateway import Gateway
+    from rollfleet.engines.lora import peft_adapter
     from rollfleet.engines.weights import push_weights
 
+    adapter = (
+        peft_adapter(model) if isinstance(gateway, Gateway) and gateway.takes_adapters else None
+    )
+    if adapter is not None:
+        await push_weights(gateway, adapter, version=version, lora_alpha=adapter.alpha)
+        await coordinator.set_policy_version(version)
+        return
     tensors, lora = push_tensors(model)
     await push_weights(
         gateway,
