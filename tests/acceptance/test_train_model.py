@@ -167,3 +167,25 @@ def test_run_serves_a_transformers_directory(tmp_path: Path) -> None:
     )
     assert refused.returncode == 2 and "a directory without config.json" in refused.stderr
     assert not (tmp_path / "no").exists()
+
+
+@pytest.mark.timeout(300)
+def test_a_step_that_trains_nothing_pushes_no_tensor(tmp_path: Path) -> None:
+    """Every answer scores 0 (the tiny model says 1 or nothing; the answers are 7): no step
+    has a signal, none pushes a tensor, and the engines still serve each step's version."""
+    require(all(importlib.util.find_spec(m) for m in NEEDS), " and ".join(NEEDS))
+    model = tmp_path / "tiny"
+    digit_model(model)
+    data = tmp_path / "sevens.jsonl"
+    data.write_text(
+        "".join(f'{{"question": "What is {n}+{7 - n}?", "answer": 7}}\n' for n in (1, 2))
+    )
+    out = tmp_path / "out"
+    group = ["--engine", "hf", "--tasks-per-step", "2", "--group-size", "4"]
+    done = train(out, data, "--model", str(model), "--steps", "2", *group)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = steps(out)
+    assert [r["version"] for r in records] == [1, 2]
+    assert [(r["trained"], r["pushed"]) for r in records] == [(False, False), (False, False)]
+    assert all(r["reward/mean"] == 0.0 for r in records)
+    assert all(r["staleness/max"] == 0 for r in records)  # each sample made by its step's version

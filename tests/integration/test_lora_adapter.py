@@ -174,3 +174,31 @@ async def test_an_engine_serving_pushed_weights_refuses_an_adapter(
     with pytest.raises(InvalidInput, match="applies to the base model, but this engine serves"):
         await push_weights(gateway, adapter, version=2, lora_alpha=adapter.alpha)
     assert engine.version == 1
+
+
+async def test_a_step_that_changed_nothing_sends_no_tensor(policy: Any, engine: Any) -> None:
+    """``publish(changed=False)``: the engine serves the same weights under the new version
+    (the tokens it makes say so), and nothing is written or loaded."""
+    from rollfleet.engines.gateway import Gateway
+    from rollfleet.train.policy import publish
+
+    class Coordinator:
+        versions: list[int] = []
+
+        async def set_policy_version(self, version: int) -> None:
+            self.versions.append(version)
+
+    gateway, coordinator = Gateway(), Coordinator()
+    gateway.add_replica(engine)
+    await publish(policy, gateway, coordinator, 1, base=0)
+    update, served = engine.last_update, await greedy(engine)
+    await publish(policy, gateway, coordinator, 2, base=1, changed=False)
+    assert engine.version == 2 and coordinator.versions == [1, 2]
+    assert engine.last_update is update  # no adapter or GGUF written, nothing loaded
+    assert await greedy(engine) == served
+    request = GenerationRequest(
+        request_id="v2",
+        messages=[{"role": "user", "content": PROMPTS[0]}],
+        params=SamplingParams(max_tokens=4, temperature=0.0),
+    )
+    assert (await engine.generate(request)).weights_version == 2

@@ -204,6 +204,10 @@ class Engine(Protocol):
     async def update_weights(self, weights: WeightSource, version: int | None = None) -> int:
         """Load new weights (through buckets for tensors); return the new weights version."""
 
+    async def relabel(self, version: int) -> int:
+        """Serve the same weights as ``version`` (nothing changed since the last update)."""
+        ...
+
     def info(self) -> EngineInfo:
         """Describe the engine."""
 
@@ -233,6 +237,11 @@ class BaseEngine:
         """Record and return the version a weight update installs."""
         self._version = self._version + 1 if version is None else int(version)
         return self._version
+
+    async def relabel(self, version: int) -> int:
+        """Serve the same weights as ``version`` (a training step that changed nothing):
+        tokens generated from now on say ``version``; no weight moves."""
+        return self._next_version(version)
 
     def stream(self, request: GenerationRequest) -> AsyncIterator[StreamItem]:
         """Yield deltas, then one final Generation (subclasses implement)."""

@@ -323,9 +323,10 @@ class Gateway:
         in the answer). With ``base``, the tensors are a delta computed against version
         ``base``: every replica must serve exactly that version (Conflict otherwise, before any
         changes: on another base the delta would silently corrupt the model), and the weights
-        not sent keep their values. The answer has each replica's update time (``update_s``)
-        and, for engines that measure it (``last_pause_s``), how long its generation stopped
-        (``pause_s``)."""
+        not sent keep their values (a delta of no tensor changes no weight: the replicas only
+        serve the same weights as ``version``). The answer has each replica's update time
+        (``update_s``) and, for engines that measure it (``last_pause_s``), how long its
+        generation stopped (``pause_s``)."""
         async with self._updating:
             current = self.weights_version
             if version <= current:
@@ -351,7 +352,10 @@ class Gateway:
             for replica in list(self.router.replicas.values()):
                 started = time.monotonic()
                 try:
-                    await replica.engine.update_weights(tensors, version)
+                    if base is not None and not tensors:  # nothing changed: a new label only
+                        await replica.engine.relabel(version)
+                    else:
+                        await replica.engine.update_weights(tensors, version)
                 except EngineError as exc:
                     raise InvalidInput(f"{replica.replica_id}: {exc}") from exc
                 totals[replica.replica_id] = round(time.monotonic() - started, 6)

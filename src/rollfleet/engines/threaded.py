@@ -195,6 +195,10 @@ class ThreadedEngine(BaseEngine):
         """Requests queued or running."""
         return len(self.registry)
 
+    async def relabel(self, version: int) -> int:
+        """Serve the same weights as ``version``, from the next token the worker samples."""
+        return await self.on_worker(lambda: self._next_version(version))
+
     async def on_worker(self, call: Callable[[], T]) -> T:
         """Run ``call`` on the worker thread between generation steps; return its result
         (EngineError at once when no worker runs: nothing would ever take the call)."""

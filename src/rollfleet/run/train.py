@@ -255,8 +255,9 @@ class _Loop:
             max_staleness=self.opts.max_staleness,
         )
 
-    async def _push(self, version: int) -> float:
-        """Send the policy to the engines as ``version``, report it; the seconds it took."""
+    async def _push(self, version: int, changed: bool = True) -> float:
+        """Send the policy to the engines as ``version`` (no tensor when the step ``changed``
+        nothing), report it; the seconds it took."""
         from rollfleet.train.policy import publish
 
         began = time.perf_counter()
@@ -266,6 +267,7 @@ class _Loop:
             self.coordinator,
             version,
             base=self.gateway.weights_version,
+            changed=changed,
         )
         return time.perf_counter() - began
 
@@ -305,7 +307,8 @@ class _Loop:
             self.opts.fingerprint(),
         )
         record["seconds/checkpoint"] = time.perf_counter() - ckpt
-        record["seconds/sync"] = await self._push(step + 1)
+        record["pushed"] = figures is not None  # a step that trained nothing sends no tensor
+        record["seconds/sync"] = await self._push(step + 1, changed=record["pushed"])
         record["seconds/step"] = time.perf_counter() - began
         record["tokens/s"] = record["action_tokens"] / record["seconds/step"]
         self._record(record)

@@ -359,14 +359,22 @@ async def publish(
     *,
     base: int,
     token: str | None = None,
+    changed: bool = True,
 ) -> None:
     """Push ``model``'s weights to the engines behind ``gateway`` as ``version`` and tell
     ``coordinator`` they serve it. Under LoRA: the adapter itself when every engine behind a
     gateway in this process applies adapters (llama.cpp: a few MB, no model written), else the
-    merged q/v matrices as a delta against ``base``, the version they serve."""
+    merged q/v matrices as a delta against ``base``, the version they serve. A step that
+    changed nothing (``changed`` False) sends no tensor: the engines serve the same weights as
+    ``version``."""
     from rollfleet.engines.gateway import Gateway
     from rollfleet.engines.lora import peft_adapter
     from rollfleet.engines.weights import push_weights
+
+    if not changed:
+        await push_weights(gateway, [], version=version, token=token, delta=True, base=base)
+        await coordinator.set_policy_version(version)
+        return
 
     adapter = (
         peft_adapter(model) if isinstance(gateway, Gateway) and gateway.takes_adapters else None
