@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rollfleet.client import connect, default_store_url
 from rollfleet.store.base import Store
@@ -48,6 +49,18 @@ async def with_store(url: str | None, token: str | None, fn: Any) -> Any:
         return await fn(store)
     finally:
         await store.close()
+
+
+def stderr_bar() -> Progress:
+    """A progress bar on stderr that leaves nothing behind (stdout stays the command's output)."""
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
 
 
 def fmt_age(seconds: float | None) -> str:

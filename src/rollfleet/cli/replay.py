@@ -14,8 +14,8 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from rollfleet.cli.common import stderr_bar
 from rollfleet.errors import InvalidInput, RollfleetError, StoreUnavailable
 
 DEFAULT_OUTPUT = "results"  # as ``rollfleet run``'s
@@ -71,14 +71,7 @@ async def _replay(url: str, token: str | None, rollout_id: str, model: Path | No
     from rollfleet.client import connect
 
     out = Console(highlight=False, soft_wrap=True)
-    bar = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    )
+    bar = stderr_bar()
     task = bar.add_task(f"replaying {rollout_id}: model calls", total=None)
     started = time.monotonic()
 

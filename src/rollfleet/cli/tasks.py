@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import IO
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from rollfleet.cli.common import stderr_bar
 from rollfleet.errors import InvalidInput
 
 PROGRESS_AFTER_S = 1.0  # a bar appears once generating has taken this long
@@ -115,7 +114,7 @@ def _sink(output: Path | None) -> Iterator[IO[str]]:
 
 def _with_progress(lines: Iterator[str], total: int, label: str) -> Iterator[str]:
     """``lines`` as they come, with a bar on stderr once it has taken a moment."""
-    started, bar = time.monotonic(), _bar()
+    started, bar = time.monotonic(), stderr_bar()
     task = bar.add_task(label, total=total)
     try:
         for done, line in enumerate(lines, start=1):
@@ -125,17 +124,6 @@ def _with_progress(lines: Iterator[str], total: int, label: str) -> Iterator[str
                 bar.start()
     finally:
         bar.stop()
-
-
-def _bar() -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    )
 
 
 def register(root: typer.Typer) -> None:

@@ -387,6 +387,11 @@ def write_gguf(
     for name in base.shapes:
         data, raw = tensors[name] if name in tensors else base.kept[name]
         writer.add_tensor(name, data, raw_dtype=raw)
+    finish(writer)
+
+
+def finish(writer: Any) -> None:
+    """Write a GGUFWriter's header, metadata and tensors to its file, and close it."""
     try:
         writer.write_header_to_file()
         writer.write_kv_data_to_file()

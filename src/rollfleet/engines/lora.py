@@ -27,7 +27,14 @@ from typing import Any
 
 import numpy as np
 
-from rollfleet.engines.gguf_export import BaseGGUF, _float32, _gguf, gguf_name, permute_rotary
+from rollfleet.engines.gguf_export import (
+    BaseGGUF,
+    _float32,
+    _gguf,
+    finish,
+    gguf_name,
+    permute_rotary,
+)
 from rollfleet.errors import EngineError
 
 _HALF = re.compile(r"(.+)\.lora_([AB])\.weight")
@@ -103,12 +110,7 @@ def write_adapter_gguf(base: BaseGGUF, adapter: LoraAdapter, target: Path) -> in
     for name, a, b in planned:
         writer.add_tensor(f"{name}.lora_a", np.ascontiguousarray(a))
         writer.add_tensor(f"{name}.lora_b", np.ascontiguousarray(b))
-    try:
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-    finally:
-        writer.close()
+    finish(writer)
     return int(planned[0][1].shape[0])
 
 
