@@ -2,7 +2,7 @@
 model replies and say whether it reproduces the recording, or where it first diverges.
 
 One line per check, then the verdict; exit 0 when it reproduces, 1 when it diverges, 2 (one line
-on stderr) when the rollout cannot be replayed. The logic is :mod:`rollfleet.agents.replay`.
+on stderr) when the rollout cannot be replayed. The logic is :mod:`rollfleet.run.replay`.
 """
 
 from __future__ import annotations
@@ -67,8 +67,10 @@ def replay_command(
 
 
 async def _replay(url: str, token: str | None, rollout_id: str, model: Path | None) -> bool:
-    from rollfleet.agents.replay import Check, Recording, replay
     from rollfleet.client import connect
+    from rollfleet.run.recording import Recording
+    from rollfleet.run.replay import replay
+    from rollfleet.run.replay_report import Check
 
     out = Console(highlight=False, soft_wrap=True)
     bar = stderr_bar()
