@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench._report_cells import spread
 from bench._rows_fleet import (
     ab_rows,
     chaos_rows,
@@ -50,6 +51,44 @@ def load(name: str) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def resume_rows(d: dict[str, Any]) -> list[str]:
+    """Turn-level resume against restart-from-scratch under the same kills (bench/resume.py)."""
+    st, sides = d["settings"], d["sides"]
+    res, rst = sides["resume"], sides["restart"]
+    runs = (
+        f"{st['rollouts']} ten-turn rollouts, each turn a real model call (the bundled SmolLM2-135M "
+        f"on llama.cpp, {st['max_tokens']} tokens), {st['runners']} runners x {st['concurrency']}, "
+        f"a runner SIGKILLed every ~{st['kill_mean_s']:.0f} s (random, the same schedule for both "
+        f"sides) and the server restarted once; median [range] of {st['rounds']} alternating rounds"
+    )
+    share = f"{res['regenerated_share']['median']:.1%} (goal ≤ {d['goals']['regenerated_share_max']:.0%})"
+    return [
+        f"| resume | completion tokens generated per finished rollout, resumed by turn vs restarted "
+        f"from scratch: {runs}; regenerated: {share} vs "
+        f"{rst['regenerated_share']['median']:.1%}; failed: {sum(res['failed'])} / "
+        f"{sum(rst['failed'])} | {spread(res['tokens_per_rollout'])} | "
+        f"{spread(rst['tokens_per_rollout'])} (restart) | {d['tokens_resume_vs_restart']:.2f}× |",
+        f"| resume | wall s, enqueue to the last rollout finished, the same runs | "
+        f"{spread(res['seconds'], 0)} | {spread(rst['seconds'], 0)} (restart) | "
+        f"{d['wall_resume_vs_restart']:.2f}× (goal ≤ {d['goals']['wall_ratio_max']}×) |",
+        f"| resume | model calls repeated (beyond the first for a rollout's turn), the same runs | "
+        f"{spread(res['calls_repeated'], 0)} | {spread(rst['calls_repeated'], 0)} (restart) | "
+        f"{res['calls_repeated']['median'] / max(1.0, rst['calls_repeated']['median']):.2f}× |",
+    ]
+
+
+def adapter_sync_rows(d: dict[str, Any]) -> list[str]:
+    """A step's weights sync under LoRA: the adapter against the merged q/v (bench/adapter_sync.py)."""
+    a, m = d["adapter"], d["merged"]
+    return [
+        f"| adapter sync | seconds per push under LoRA r={d['lora_rank']} on q/v, the bundled "
+        f"SmolLM2 on llama.cpp: the adapter applied at run time ({a['mb']:.1f} MB) vs the merged "
+        f"q/v delta ({m['mb']:.1f} MB, a GGUF written and loaded); median [range] of "
+        f"{d['rounds']} alternating rounds (goal ≤ 0.2 s) | {spread(a['seconds'], 3)} | "
+        f"{spread(m['seconds'], 2)} (merged) | {d['speedup']:.0f}× faster |",
+    ]
+
+
 SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
     ("store_throughput", store_rows),
     ("end_to_end", e2e_rows),
@@ -74,6 +113,8 @@ SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
     ("train", train_rows),
     ("train_agent", train_agent_rows),
     ("chaos", chaos_rows),
+    ("resume", resume_rows),
+    ("adapter_sync", adapter_sync_rows),
     ("fleet", fleet_rows),
     ("multimodal", multimodal_rows),
     ("envs", envs_rows),
