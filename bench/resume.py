@@ -67,12 +67,14 @@ def options(rollouts: int, resume: str, seed: int) -> ChaosOptions:
 
 def engine_cpu_s(engine: Any) -> float | None:
     """CPU seconds the engine's scheduler thread has used (None where /proc cannot say)."""
-    thread = getattr(engine, "_thread", None)
+    native_id = getattr(getattr(engine, "_thread", None), "native_id", None)
+    if native_id is None:
+        return None
     try:
-        stat = Path(f"/proc/self/task/{thread.native_id}/stat").read_text()
+        stat = Path(f"/proc/self/task/{native_id}/stat").read_text()
         ticks = stat.rsplit(")", 1)[1].split()
         return (int(ticks[11]) + int(ticks[12])) / os.sysconf("SC_CLK_TCK")
-    except (AttributeError, OSError, ValueError, IndexError):
+    except (OSError, ValueError, IndexError):
         return None
 
 
