@@ -56,6 +56,7 @@ class ChaosOptions:
     max_tokens: int = 8  # with llm: tokens each model call may generate
     resume: str = "replay"  # with turns: "restart" plays the script in a mode declaring restart
     max_lost: int = 10  # attempts a rollout may lose with its runner before it fails
+    reuse: bool = True  # with llm: the gateway answers a call asked again (engines.repeats)
 
 
 @dataclass
@@ -82,6 +83,7 @@ class LlmCall:
     completion_tokens: int
     recorded: bool = True  # False: the store refused its step (the attempt was fenced)
     prompt_tokens: int = 0
+    reuses: str | None = None  # answered with the tokens of this earlier call: none generated
 
 
 @dataclass
@@ -89,7 +91,7 @@ class LlmFigures:
     """What the model calls of a chaos run with ``llm`` cost, counted at the gateway (every call
     the engine answered, recorded or refused) and, for comparison, in the store's ``llm`` steps."""
 
-    calls: int  # model calls the engine answered
+    calls: int  # model calls the engine generated
     tokens_generated: int  # their completion tokens
     trajectory_calls: int  # calls the finished rollouts' trajectories are made of
     tokens_in_trajectories: int  # those calls' completion tokens
@@ -100,6 +102,7 @@ class LlmFigures:
     store_llm_steps: int  # llm steps in the store, every attempt
     store_tokens: int  # their completion tokens
     prompt_tokens: int = 0  # prompt tokens of every call (what the engine did not prefill included)
+    calls_answered: int = 0  # calls asked again and answered with tokens generated before
 
     @property
     def regenerated_share(self) -> float:
@@ -127,6 +130,7 @@ class LlmTally:
             sum(isinstance(m, dict) and m.get("role") == "assistant" for m in messages),
             len(payload.get("completion_token_ids") or []),
             prompt_tokens=len(payload.get("prompt_token_ids") or []),
+            reuses=payload.get("reuses"),
         )
         self.calls.append(call)
         try:
@@ -244,7 +248,7 @@ async def _llm_for(
         await engine.start()
     recorder_store = HttpStore(store_url, timeout=10)
     tally = LlmTally(recorder_store)
-    gateway = Gateway(tally)
+    gateway = Gateway(tally, reuse=options.reuse)
     replica = gateway.add_replica(engine)
     secret = secrets.token_urlsafe(32)  # runners mint each attempt its capability from it
     try:
@@ -390,13 +394,15 @@ def llm_figures(db: Path, calls: list[LlmCall]) -> LlmFigures:
         for (raw,) in results
         for request_id in (json.loads(raw or "{}").get("output") or {}).get("calls") or []
     }
-    per_turn = Counter((c.rollout_id, c.turn) for c in calls)
-    generated = sum(c.completion_tokens for c in calls)
-    in_trajectories = sum(c.completion_tokens for c in calls if c.request_id in kept)
+    kept |= {c.reuses for c in calls if c.reuses and c.request_id in kept}  # their generation
+    made = [c for c in calls if not c.reuses]  # the calls the engine generated
+    per_turn = Counter((c.rollout_id, c.turn) for c in made)
+    generated = sum(c.completion_tokens for c in made)
+    in_trajectories = sum(c.completion_tokens for c in made if c.request_id in kept)
     return LlmFigures(
-        calls=len(calls),
+        calls=len(made),
         tokens_generated=generated,
-        trajectory_calls=sum(c.request_id in kept for c in calls),
+        trajectory_calls=sum(c.request_id in kept for c in made),
         tokens_in_trajectories=in_trajectories,
         tokens_regenerated=generated - in_trajectories,
         calls_repeated=sum(n - 1 for n in per_turn.values()),
@@ -406,7 +412,8 @@ def llm_figures(db: Path, calls: list[LlmCall]) -> LlmFigures:
         store_tokens=sum(
             len(json.loads(raw).get("completion_token_ids") or []) for (raw,) in stored
         ),
-        prompt_tokens=sum(c.prompt_tokens for c in calls),
+        prompt_tokens=sum(c.prompt_tokens for c in made),
+        calls_answered=len(calls) - len(made),
     )
 
 

@@ -10,7 +10,7 @@ every finished turn: no reply is made twice and no line is written twice. The re
 ``output["tokens"]`` is the whole trajectory, the same whatever the attempts.
 
 With ``input["llm"]`` true, each turn's reply is a real model call instead
-(``ctx.llm.chat.completions.create``: the task and the turns so far as messages,
+(``ctx.llm.chat.completions.create``: the task and the turns so far as messages, exactly
 ``input["max_tokens"]`` tokens at temperature 0, a seed derived from the rollout and the turn);
 the result's ``output`` then holds the replies (``"replies"``) and the request ids of the calls
 the trajectory is made of (``"calls"``). ``input["resume"] = "restart"`` plays a mode that
@@ -112,6 +112,7 @@ async def _model_reply(
         max_tokens=int(settings.get("max_tokens", TOKENS_PER_REPLY)),
         temperature=0.0,
         seed=turn_seed(ctx.rollout_id, turn),
+        extra_body={"ignore_eos": True},  # every reply exactly max_tokens long
     )
     return str(response.id), response.choices[0].message.content or ""
 

@@ -12,6 +12,11 @@ handed to the ``recorder`` callback the gateway was built with (the control plan
 to the store's ``add_steps``). An aborted call is recorded too, with its partial tokens, unless
 its attempt no longer owns the rollout (a cancelled rollout: cancelling comes before the abort);
 then the refusal is logged and the caller still gets the partial output.
+
+Asked again (:mod:`~rollfleet.engines.repeats`): a call whose answer is determined (a seed or
+greedy, the same weights) that a later attempt of its rollout sends again, after the first
+attempt died with the call in flight, is answered with the tokens already generated and recorded
+under the asking attempt, ``reuses`` naming the call that generated them.
 """
 
 from __future__ import annotations
@@ -28,10 +33,18 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollfleet.engines.base import Engine, Generation, GenerationRequest, StreamItem, WeightsDelta
+from rollfleet.engines.base import (
+    Delta,
+    Engine,
+    Generation,
+    GenerationRequest,
+    StreamItem,
+    WeightsDelta,
+)
 from rollfleet.engines.continuation import PriorCall, continues, token_in
 from rollfleet.engines.images import cannot_see
 from rollfleet.engines.lora import LoraAdapter
+from rollfleet.engines.repeats import Repeats, call_key
 from rollfleet.engines.tool_calls import read_tool_calls
 from rollfleet.errors import Conflict, EngineError, InvalidInput, NotFound
 from rollfleet.model import LLM_STEP, StepIn
@@ -183,6 +196,7 @@ class Gateway:
         *,
         rng: random.Random | None = None,
         abort_wait_s: float = 5.0,
+        reuse: bool = True,
     ) -> None:
         self.recorder = recorder
         self.router = Router(rng)
@@ -192,6 +206,8 @@ class Gateway:
         self._updating = asyncio.Lock()
         self.receiving = asyncio.Lock()  # held while a push over HTTP is read: one at a time
         self.priors = Priors()
+        self.repeats = Repeats()  # calls asked again are answered from here
+        self.reuse = reuse  # False: every call is generated (a restart-from-scratch baseline)
 
     # -- replicas ----------------------------------------------------------------------
     def add_replica(self, engine: Engine, replica_id: str | None = None) -> str:
@@ -254,21 +270,39 @@ class Gateway:
         """Route and run ``request``; yield deltas, record the call, then yield the result.
         A request with images goes to a replica that sees (ImageRefused when none does)."""
         replica = self.router.pick(rollout_id, vision=bool(request.images))
-        request = self.priors.attach(request, rollout_id, replica.engine.info().model)
+        info = replica.engine.info()
+        key = (
+            call_key(request, rollout_id, info.model, info.weights_version) if self.reuse else None
+        )
+        started = time.monotonic()
+        answered = await self.repeats.answer(key)
+        if answered is not None:  # asked again by a later attempt: the tokens exist
+            result = dataclasses.replace(answered, request_id=request.request_id)
+            self.priors.remember(request, result, rollout_id)
+            latency = time.monotonic() - started
+            await self._record(
+                rollout_id, attempt_id, request, result, latency, replica, answered.request_id
+            )
+            yield Delta(
+                result.text, tuple(result.completion_token_ids), tuple(result.logprobs or ())
+            )
+            yield result
+            return
+        request = self.priors.attach(request, rollout_id, info.model)
         flight = _Flight(request, replica, rollout_id)
         self._flights[request.request_id] = flight
         replica.in_flight += 1
-        started = time.monotonic()
         try:
-            async for item in replica.engine.stream(request):
-                if isinstance(item, Generation):
-                    item = read_tool_calls(request, item)  # recorded with the calls read
-                    replica.served += 1
-                    self.priors.remember(request, item, rollout_id)
-                    await self._record(
-                        rollout_id, attempt_id, request, item, time.monotonic() - started, replica
-                    )
-                yield item
+            with self.repeats.producing(key) as produced:
+                async for item in replica.engine.stream(request):
+                    if isinstance(item, Generation):
+                        item = read_tool_calls(request, item)  # recorded with the calls read
+                        produced.set_result(item)
+                        replica.served += 1
+                        self.priors.remember(request, item, rollout_id)
+                        latency = time.monotonic() - started
+                        await self._record(rollout_id, attempt_id, request, item, latency, replica)
+                    yield item
         finally:
             replica.in_flight -= 1
             self._flights.pop(request.request_id, None)
@@ -405,14 +439,14 @@ class Gateway:
         result: Generation,
         latency_s: float,
         replica: Replica,
+        reuses: str | None = None,
     ) -> None:
         if self.recorder is None or not rollout_id or not attempt_id:
             return
-        step = StepIn(
-            kind=LLM_STEP,
-            payload=step_payload(request, result, latency_s, replica.replica_id),
-            timestamp=time.time(),
-        )
+        payload = step_payload(request, result, latency_s, replica.replica_id)
+        if reuses is not None:
+            payload["reuses"] = reuses  # the call that generated these tokens
+        step = StepIn(kind=LLM_STEP, payload=payload, timestamp=time.time())
         try:
             await self.recorder(rollout_id, attempt_id, step)
         except Conflict as exc:
