@@ -44,6 +44,7 @@ class HFEngine(ThreadedEngine):
     """transformers model served from one worker thread, with continuous batching."""
 
     name = "hf"
+    adapters = True  # applied by merging on the standby copy (rollfleet.engines.lora)
 
     def __init__(
         self,
@@ -70,6 +71,9 @@ class HFEngine(ThreadedEngine):
         self.stale: set[str] = set()  # tensors whose standby values lag the live model's
         self.last_pause_s: float | None = None  # the worker's time in the last update
         self._updating = asyncio.Lock()  # one update at a time: they share the standby
+        # LoRA: the weights an adapter is applied to, of the modules it adapts (kept from the
+        # first adapter on, until a push of plain weights replaces them)
+        self.lora_base: dict[str, Any] = {}
 
     async def start(self) -> None:
         """Load the model (from a path/name or the given object) and start the worker thread."""
@@ -114,7 +118,16 @@ class HFEngine(ThreadedEngine):
         and the worker only swaps the two models; an update that has started runs to its end
         even if its caller is cancelled (the standby is never left half-written)."""
         from rollfleet.engines.base import WeightsDelta
+        from rollfleet.engines.lora import LoraAdapter
 
+        if isinstance(weights, LoraAdapter):
+            weights = await asyncio.to_thread(self._merged, weights)
+        elif isinstance(weights, (str, Path)):
+            self.lora_base = {}  # a checkpoint replaces what adapters were applied to
+        elif self.lora_base:  # so do the tensors a push of plain weights names
+            weights = weights if isinstance(weights, list) else list(weights)  # a delta is one
+            for name, _ in weights:
+                self.lora_base.pop(name, None)
         tensors = _safetensors(Path(weights)) if isinstance(weights, (str, Path)) else weights
         base = weights.base if isinstance(weights, WeightsDelta) else None
         complete = base is None and not isinstance(weights, (str, Path))
@@ -127,6 +140,38 @@ class HFEngine(ThreadedEngine):
             count, new = await self.on_worker(in_place)
         log.info("hf: loaded %d tensors, weights version %d", count, new)
         return new
+
+    def _merged(self, adapter: Any) -> Any:
+        """The weights that serve ``adapter``, as a delta of the modules it (or the last one)
+        adapts: each ``W + alpha / rank * B A`` on the kept base weights, and the base itself
+        for a module the last adapter adapted and this one does not. EngineError naming the
+        tensor that does not fit (nothing changes)."""
+        import torch
+
+        from rollfleet.engines.base import WeightsDelta
+        from rollfleet.engines.lora import pairs
+
+        live = self.hf_model.state_dict(keep_vars=True)
+        merged: dict[str, Any] = {}
+        for module, (a, b) in pairs(adapter).items():
+            name = f"{module}.weight"
+            if name not in live:
+                raise EngineError(f"hf: lora: {module}: the served model has no such module")
+            base = self.lora_base.get(name, live[name])
+            if tuple(base.shape) != (b.shape[0], a.shape[1]):
+                raise EngineError(
+                    f"hf: lora: {module}: lora_A {a.shape} and lora_B {b.shape} do not fit its"
+                    f" {tuple(base.shape)[0]}x{tuple(base.shape)[1]} weight"
+                )
+            scale = adapter.alpha / a.shape[0]
+            update = torch.from_numpy(b) @ torch.from_numpy(a) * scale
+            merged[name] = (base.detach().float().cpu() + update).to(base.dtype)
+        for name in set(self.lora_base) - set(merged):
+            merged[name] = self.lora_base[name]
+        for name in merged:
+            if name not in self.lora_base:
+                self.lora_base[name] = live[name].detach().clone()
+        return WeightsDelta(sorted(merged.items()), self.version)
 
     def _in_place(
         self, tensors: NamedTensors, base: int | None, complete: bool, version: int | None
