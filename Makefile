@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench peers llama-server clean
+.PHONY: install demo test test-fast lint docs bench peers llama-server clean
 
 # llama-cpp-python has no wheel: we build one, once per machine, for x86-64-v3 (AVX2/FMA/F16C).
 # Never -march=native: on hosts with AMX a native build uses AMX tiles, which these VMs do not
@@ -45,11 +45,20 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra
 
+# The inner loop: the unit tests, no model, no browser, no server process.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -ra tests/unit -m "not llamacpp and not browser and not slow"
+
 # ruff (rules and line length in pyproject.toml) and mypy --strict over the package.
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/ruff format --check src tests bench examples
 	$(BIN)/mypy src
+	$(MAKE) docs
+
+# The docs site (mkdocs.yml): --strict, so a broken link or anchor fails.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
