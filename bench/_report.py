@@ -61,15 +61,7 @@ def resume_rows(d: dict[str, Any]) -> list[str]:
         f"a runner SIGKILLed every ~{st['kill_mean_s']:.0f} s (random, the same schedule for both "
         f"sides) and the server restarted once; median [range] of {st['rounds']} alternating rounds"
     )
-    lost = [r["lost_attempts"] / max(1, r["succeeded"]) for r in res["rounds"]]
     share = res["regenerated_share"]["median"]
-    why_share = (
-        ""
-        if share <= goals["regenerated_share_max"]
-        else f" — resume regenerates the call in flight when a runner dies (one per lost attempt, "
-        f"{sorted(lost)[len(lost) // 2]:.1f} lost attempts per rollout here): the gateway finishes "
-        "it for a dead client, and a later attempt reuses recorded replies only"
-    )
     cpu = [
         [r["engine"].get("cpu_s") for r in side["rounds"] if r.get("engine", {}).get("cpu_s")]
         for side in (res, rst)
@@ -79,19 +71,20 @@ def resume_rows(d: dict[str, Any]) -> list[str]:
         if all(cpu)
         else ""
     )
+    per_round = ", ".join(f"{w:.2f}" for w in d["wall_ratio_per_round"]["rounds"])
     why_wall = (
-        ""
+        f"; per round {per_round}"
         if d["wall_resume_vs_restart"] <= goals["wall_ratio_max"]
-        else " — the engine's time goes mostly to prefilling each fresh turn's new prompt tokens "
-        f"(~30 against {st['max_tokens']} generated), and restart's re-run turns find theirs in the "
-        "prefix cache, so its extra generated tokens cost little time; kills, runner restarts and "
+        else f" — per round {per_round}: the engine batches {st['runners'] * st['concurrency']} "
+        "slots and restart's extra tokens are decoded beside the others' in steps that run "
+        "anyway, so they add little time (see the engine CPU); lease lapses, runner restarts and "
         f"backoff cost both sides alike{engine_cpu}"
     )
     return [
         f"| resume | completion tokens generated per finished rollout, resumed by turn vs restarted "
         f"from scratch: {runs}; regenerated: {share:.1%} (goal ≤ "
         f"{goals['regenerated_share_max']:.0%}) vs {rst['regenerated_share']['median']:.1%}"
-        f"{why_share}; failed: {sum(res['failed'])} / {sum(rst['failed'])} | "
+        f"; failed: {sum(res['failed'])} / {sum(rst['failed'])} | "
         f"{spread(res['tokens_per_rollout'])} | {spread(rst['tokens_per_rollout'])} (restart) | "
         f"{d['tokens_resume_vs_restart']:.2f}× |",
         f"| resume | wall s, enqueue to the last rollout finished, the same runs{why_wall} | "
