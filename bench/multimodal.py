@@ -65,7 +65,7 @@ def _conversation(turns: int) -> list[dict[str, Any]]:
 async def _one_conversation(engine: Any, cache_bytes: int) -> tuple[list[float], list[list[int]]]:
     """Per-turn seconds and tokens of one conversation on a fresh cache of ``cache_bytes``."""
     from rollfleet.engines.base import GenerationRequest, SamplingParams
-    from rollfleet.engines.hf_vision import ImageCache
+    from rollfleet.engines.hf.vision import ImageCache
 
     engine.images, engine.encoder_calls = ImageCache(cache_bytes), 0
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
@@ -80,7 +80,7 @@ async def _one_conversation(engine: Any, cache_bytes: int) -> tuple[list[float],
 
 
 async def _latency() -> dict[str, Any]:
-    from rollfleet.engines.hf_vision import HFVisionEngine
+    from rollfleet.engines.hf.vision import HFVisionEngine
     from rollfleet.engines.tiny import tiny_vlm
 
     engine = HFVisionEngine(*tiny_vlm(**VLM), max_batch=1)

@@ -9,8 +9,8 @@ torch's defaults but the rate) on a batch of 2 x 32 token ids, two ways:
 * ``lora_style``: only ``q_proj`` and ``v_proj`` of every layer trainable, the rest frozen (the
   matrices a LoRA adapter on q and v changes once merged; ``peft`` is not a dependency).
 
-For each: the tensors whose bytes changed (:func:`rollfleet.engines.weights.changed` against a
-:func:`~rollfleet.engines.weights.snapshot` taken before the step), the bytes a full push and a
+For each: the tensors whose bytes changed (:func:`rollfleet.engines.weights.push.changed` against a
+:func:`~rollfleet.engines.weights.push.snapshot` taken before the step), the bytes a full push and a
 delta push send, the time ``changed`` takes, and the time of each push to a gateway served in
 this process (loopback HTTP) over an HF engine holding the same model: full and delta pushes in
 alternating rounds (full, delta, full, delta, ...; each delta on the version the full push before
@@ -43,7 +43,7 @@ def load_model() -> Any:
     """The bundled model as a trainer holds it (float32)."""
     from transformers import AutoModelForCausalLM
 
-    from rollfleet.engines.llamacpp_model import bundled_gguf
+    from rollfleet.engines.llamacpp.model import bundled_gguf
 
     path = bundled_gguf()
     return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
@@ -77,7 +77,7 @@ def _elements_changed(before: dict[str, Any], after: list[tuple[str, Any]]) -> i
 
 async def _pushes(url: str, gateway: Any, full: list[Any], delta: list[Any]) -> dict[str, Any]:
     """Full and delta pushes, alternating, ROUNDS each per transport; seconds and install times."""
-    from rollfleet.engines.weights import push_weights
+    from rollfleet.engines.weights.push import push_weights
 
     out: dict[str, Any] = {}
     for transport in ("file", "http"):
@@ -100,8 +100,8 @@ async def _pushes(url: str, gateway: Any, full: list[Any], delta: list[Any]) -> 
 def _exports(state: list[Any], delta: list[Any]) -> dict[str, Any]:
     """GGUF exports for llama.cpp, full and delta, alternating, against an f16 export as base."""
     from rollfleet.engines.base import WeightsDelta
-    from rollfleet.engines.gguf_export import export_gguf
-    from rollfleet.engines.llamacpp_model import bundled_gguf
+    from rollfleet.engines.llamacpp.model import bundled_gguf
+    from rollfleet.engines.weights.gguf_export import export_gguf
 
     runs: dict[str, list[float]] = {"full": [], "delta": []}
     with tempfile.TemporaryDirectory() as folder:
@@ -119,10 +119,11 @@ def _exports(state: list[Any], delta: list[Any]) -> dict[str, Any]:
 
 
 async def _case(pristine: Any, trainable: tuple[str, ...] | None) -> dict[str, Any]:
-    from rollfleet.engines.gateway import Gateway
-    from rollfleet.engines.gateway_app import running_gateway
-    from rollfleet.engines.hf import HFEngine, tiny_hf_model
-    from rollfleet.engines.weights import changed, snapshot, untied
+    from rollfleet.engines.gateway.app import running_gateway
+    from rollfleet.engines.gateway.gateway import Gateway
+    from rollfleet.engines.hf.engine import HFEngine
+    from rollfleet.engines.tiny import tiny_hf_model
+    from rollfleet.engines.weights.push import changed, snapshot, untied
 
     trainer = copy.deepcopy(pristine)
     before = snapshot(trainer.state_dict().items())

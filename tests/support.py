@@ -64,7 +64,7 @@ def next_token_logprobs(path: object, prompts: list[str]) -> list:
     at ``path`` on llama.cpp: how two model files are compared (KL, argmax)."""
     import numpy as np
 
-    from rollfleet.engines.llamacpp_model import LlamaCppModel
+    from rollfleet.engines.llamacpp.model import LlamaCppModel
 
     model = LlamaCppModel(path, slots=1, ctx_per_seq=512, threads=2, n_batch=512, verbose=False)
     try:

@@ -46,7 +46,7 @@ def conversation(turns: int) -> list[dict]:
 
 
 async def started(cache_bytes: int = 64 * 1024 * 1024, seed: int = 0):
-    from rollfleet.engines.hf_vision import HFVisionEngine
+    from rollfleet.engines.hf.vision import HFVisionEngine
     from rollfleet.engines.tiny import tiny_vlm
 
     engine = HFVisionEngine(*tiny_vlm(seed=seed), image_cache_bytes=cache_bytes)
@@ -157,7 +157,7 @@ async def test_engine_tiny_random_vlm_a_corrupt_image_is_refused_and_text_still_
 def test_engine_image_cache_is_an_lru_bounded_in_bytes() -> None:
     import torch
 
-    from rollfleet.engines.hf_vision import EncodedImage, ImageCache
+    from rollfleet.engines.hf.vision import EncodedImage, ImageCache
 
     def entry(name: str, version: int = 0) -> EncodedImage:
         return EncodedImage(name, torch.zeros(4, 8), 1, 1, version)  # 128 bytes

@@ -11,8 +11,8 @@ import pytest
 
 from rollfleet.engines.base import GenerationRequest
 from rollfleet.engines.factory import make_engine
-from rollfleet.engines.gateway import Gateway
-from rollfleet.engines.gateway_app import running_gateway
+from rollfleet.engines.gateway.app import running_gateway
+from rollfleet.engines.gateway.gateway import Gateway
 from rollfleet.engines.images import ImageRefused, image_part
 from rollfleet.errors import EngineError
 
@@ -26,7 +26,7 @@ def tiny_png() -> bytes:
 
 
 def test_engine_llamacpp_images_a_missing_or_invalid_projector_is_a_clear_error(tmp_path) -> None:
-    from rollfleet.engines.llamacpp_vision import LlamaCppVisionEngine
+    from rollfleet.engines.llamacpp.vision import LlamaCppVisionEngine
 
     missing = tmp_path / "mmproj-missing.gguf"
     with pytest.raises(EngineError, match=f"projector \\(mmproj\\) file {missing} does not exist"):

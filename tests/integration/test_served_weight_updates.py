@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from support import free_port, require
 
-from rollfleet.engines.served import ServedEngine
-from rollfleet.engines.sglang import SGLangEngine
-from rollfleet.engines.vllm import VLLMEngine
-from rollfleet.engines.weights import push_dir
+from rollfleet.engines.served.engine import ServedEngine
+from rollfleet.engines.served.sglang import SGLangEngine
+from rollfleet.engines.served.vllm import VLLMEngine
+from rollfleet.engines.weights.wire import push_dir
 from rollfleet.errors import EngineError
 
 STANDIN = str(Path(__file__).resolve().parent.parent / "served_standin.py")

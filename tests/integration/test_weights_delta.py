@@ -18,17 +18,10 @@ import numpy as np
 import pytest
 from support import greedy, require
 
-from rollfleet.engines.gateway import Gateway
-from rollfleet.engines.weights import (
-    BASE_HEADER,
-    DELTA_HEADER,
-    WeightsDelta,
-    changed,
-    encode,
-    push_weights,
-    snapshot,
-    weights_url,
-)
+from rollfleet.engines.base import WeightsDelta
+from rollfleet.engines.gateway.gateway import Gateway
+from rollfleet.engines.weights.push import changed, push_weights, snapshot, weights_url
+from rollfleet.engines.weights.wire import BASE_HEADER, DELTA_HEADER, encode
 from rollfleet.errors import Conflict, InvalidInput
 
 HAVE = bool(importlib.util.find_spec("transformers") and importlib.util.find_spec("torch"))
@@ -37,7 +30,7 @@ LAYER1 = "model.layers.1."
 
 
 def state(seed: int) -> dict[str, Any]:
-    from rollfleet.engines.hf import tiny_hf_model
+    from rollfleet.engines.tiny import tiny_hf_model
 
     return dict(tiny_hf_model(seed=seed)[0].state_dict())
 
@@ -52,7 +45,8 @@ async def test_a_delta_changes_just_the_sent_tensors_and_answers_as_the_merged_m
 ) -> None:
     """Layer 1 of another model and a new final norm over seed 0's weights: the engine holds
     exactly the merge, and generates what a fresh engine loaded with the merge generates."""
-    from rollfleet.engines.hf import HFEngine, tiny_hf_model
+    from rollfleet.engines.hf.engine import HFEngine
+    from rollfleet.engines.tiny import tiny_hf_model
 
     url, gateway, engine = hf_served
     before, old = await greedy(engine), served_state(engine)
@@ -102,7 +96,8 @@ async def test_a_delta_on_another_base_is_409_and_changes_nothing(hf_served) -> 
 
 async def test_every_replica_must_serve_the_base(hf_served) -> None:
     """Replicas that disagree (one was updated on its own) take no delta: none of them changes."""
-    from rollfleet.engines.hf import HFEngine, tiny_hf_model
+    from rollfleet.engines.hf.engine import HFEngine
+    from rollfleet.engines.tiny import tiny_hf_model
 
     _, gateway, engine = hf_served
     second = HFEngine(*tiny_hf_model(seed=0))
@@ -213,8 +208,8 @@ def gguf_state() -> tuple[Path, dict[str, Any]]:
     require(all(importlib.util.find_spec(n) for n in NEEDS), " and ".join(NEEDS))
     import gguf
 
-    from rollfleet.engines.gguf_export import _hf_names, read_base, read_tensors
-    from rollfleet.engines.llamacpp_model import bundled_gguf
+    from rollfleet.engines.llamacpp.model import bundled_gguf
+    from rollfleet.engines.weights.gguf_export import _hf_names, read_base, read_tensors
 
     path = bundled_gguf()
     base, stored = read_base(path), read_tensors(path)
@@ -241,7 +236,7 @@ def noisy(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
 def test_a_gguf_from_a_delta_equals_a_full_export_of_the_merged_weights(cache, out_type) -> None:
     """From the Q4_1 original (the tensors not sent are decoded and written as the export's
     type) and from that export (taken as they are): byte for byte a full export of the merge."""
-    from rollfleet.engines.gguf_export import export_gguf, read_tensors
+    from rollfleet.engines.weights.gguf_export import export_gguf, read_tensors
 
     path, full = gguf_state()
     first = noisy(
@@ -270,7 +265,7 @@ async def answers(engine: Any) -> list[list[int]]:
 @pytest.mark.llamacpp
 async def test_llamacpp_takes_a_delta_through_the_gateway(cache) -> None:
     """A delta becomes a new GGUF served at once; one on another base is refused before export."""
-    from rollfleet.engines.llamacpp import LlamaCppEngine
+    from rollfleet.engines.llamacpp.engine import LlamaCppEngine
 
     path, full = gguf_state()
     engine = LlamaCppEngine(None, slots=2, ctx_per_seq=256, prefix_cache=False, cache_dir=cache)

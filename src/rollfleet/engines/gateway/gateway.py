@@ -13,8 +13,8 @@ to the store's ``add_steps``). An aborted call is recorded too, with its partial
 its attempt no longer owns the rollout (a cancelled rollout: cancelling comes before the abort);
 then the refusal is logged and the caller still gets the partial output.
 
-Asked again (:mod:`~rollfleet.engines.repeats`): a call whose answer is determined (a seed or
-greedy, the same weights) that a later attempt of its rollout sends again, after the first
+Asked again (:mod:`~rollfleet.engines.gateway.repeats`): a call whose answer is determined (a
+seed or greedy, the same weights) that a later attempt of its rollout sends again, after the first
 attempt died with the call in flight, is answered with the tokens already generated and recorded
 under the asking attempt, ``reuses`` naming the call that generated them.
 """
@@ -42,10 +42,10 @@ from rollfleet.engines.base import (
     WeightsDelta,
 )
 from rollfleet.engines.continuation import PriorCall, continues, token_in
+from rollfleet.engines.gateway.repeats import Repeats, call_key
 from rollfleet.engines.images import cannot_see
-from rollfleet.engines.lora import LoraAdapter
-from rollfleet.engines.repeats import Repeats, call_key
 from rollfleet.engines.tool_calls import read_tool_calls
+from rollfleet.engines.weights.lora import LoraAdapter
 from rollfleet.errors import Conflict, EngineError, InvalidInput, NotFound
 from rollfleet.model import LLM_STEP, StepIn
 
