@@ -100,7 +100,8 @@ def actions_match(seqs: list[Any], results: list[Any]) -> bool:
 async def one_round(side: str, r: int, n: int = CONVERSATIONS) -> dict[str, Any]:
     """Round ``r`` of one side on a freshly loaded engine; its figures."""
     from rollfleet.coordinator.experiences import sequences_from_steps, training_calls
-    from rollfleet.engines.gateway.gateway import Gateway, Priors
+    from rollfleet.engines.gateway.gateway import Gateway
+    from rollfleet.engines.gateway.priors import Priors
     from rollfleet.engines.llamacpp.engine import LlamaCppEngine
 
     engine = LlamaCppEngine(slots=SLOTS, ctx_per_seq=CTX_PER_SEQ)

@@ -16,7 +16,8 @@ from support import require
 
 from rollfleet.coordinator.experiences import sequences_from_steps, training_calls
 from rollfleet.engines.base import FinishReason, Generation, GenerationRequest, SamplingParams
-from rollfleet.engines.gateway.gateway import Gateway, Priors
+from rollfleet.engines.gateway.gateway import Gateway
+from rollfleet.engines.gateway.priors import Priors
 from rollfleet.model import LLM_STEP
 from rollfleet.testing import StepRecorder
 
