@@ -56,8 +56,9 @@ def one_step(model: Any, trainable: tuple[str, ...] | None) -> float:
 
     for name, param in model.named_parameters():
         param.requires_grad_(trainable is None or name.endswith(trainable))
-    ids = torch.randint(0, model.config.vocab_size, (BATCH, TOKENS),
-                        generator=torch.Generator().manual_seed(0))  # fmt: skip
+    ids = torch.randint(
+        0, model.config.vocab_size, (BATCH, TOKENS), generator=torch.Generator().manual_seed(0)
+    )
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
     started = time.perf_counter()
     model.train()
@@ -81,8 +82,12 @@ async def _pushes(url: str, gateway: Any, full: list[Any], delta: list[Any]) -> 
 
     out: dict[str, Any] = {}
     for transport in ("file", "http"):
-        runs: dict[str, list[float]] = {"full": [], "delta": [], "full_install": [],
-                                        "delta_install": []}  # fmt: skip
+        runs: dict[str, list[float]] = {
+            "full": [],
+            "delta": [],
+            "full_install": [],
+            "delta_install": [],
+        }
         for _ in range(ROUNDS):
             for kind, tensors in (("full", full), ("delta", delta)):
                 version = gateway.weights_version + 1
@@ -92,8 +97,9 @@ async def _pushes(url: str, gateway: Any, full: list[Any], delta: list[Any]) -> 
                 runs[kind].append(time.perf_counter() - started)
                 runs[f"{kind}_install"].append(answer["update_s"]["hf-0"])
         out[transport] = {key: median_range(values) for key, values in runs.items()}
-        out[transport]["delta_vs_full"] = (statistics.median(runs["full"])
-                                           / statistics.median(runs["delta"]))  # fmt: skip
+        out[transport]["delta_vs_full"] = statistics.median(runs["full"]) / statistics.median(
+            runs["delta"]
+        )
     return out
 
 
@@ -133,13 +139,14 @@ async def _case(pristine: Any, trainable: tuple[str, ...] | None) -> dict[str, A
     delta = untied(changed(before, trainer.state_dict().items()))
     changed_s = time.perf_counter() - started
     figures: dict[str, Any] = {
-        "step_s": step_s, "changed_s": changed_s,
+        "step_s": step_s,
+        "changed_s": changed_s,
         "tensors": {"full": len(state), "delta": len(delta)},
         "bytes": {"full": _nbytes(state), "delta": _nbytes(delta)},
         "elements_changed": _elements_changed(before, delta),
         "elements": sum(t.numel() for _, t in state),
         "delta_names": sorted({re.sub(r"^model\.layers\.[0-9]+\.", "", n) for n, _ in delta}),
-    }  # fmt: skip
+    }
     figures["bytes"]["saved"] = 1 - figures["bytes"]["delta"] / figures["bytes"]["full"]
     engine = HFEngine(copy.deepcopy(pristine), tiny_hf_model()[1], max_batch=1)
     await engine.start()
@@ -171,18 +178,45 @@ def _pair(f: dict[str, Any]) -> str:
 def main() -> dict[str, Any]:
     """Measure both cases; print a table and write bench/results/weights_delta.json."""
     cases = asyncio.run(_measure())
-    rows = [[name, f"{f['tensors']['delta']} / {f['tensors']['full']}",
-             f"{f['bytes']['delta'] / 1e6:.1f} / {f['bytes']['full'] / 1e6:.1f}",
-             f"{f['bytes']['saved']:.0%}", f"{f['changed_s']:.2f}", _pair(f["push_s"]["file"]),
-             _pair(f["push_s"]["http"]), _pair(f["gguf_export_s"])]
-            for name, f in cases.items()]  # fmt: skip
-    table(f"one AdamW step of SmolLM2-135M (fp32): delta / full, medians of {ROUNDS} alternating"
-          " rounds (ranges in the JSON)",
-          ["training", "tensors", "MB", "saved", "changed() s", "push s, file", "push s, http",
-           "GGUF export s"], rows)  # fmt: skip
-    return write_results("weights_delta", {"rounds": ROUNDS, "batch": [BATCH, TOKENS], "lr": LR,
-                                           "lora_style": list(LORA_STYLE), "cases": cases},
-                         COMMAND)  # fmt: skip
+    rows = [
+        [
+            name,
+            f"{f['tensors']['delta']} / {f['tensors']['full']}",
+            f"{f['bytes']['delta'] / 1e6:.1f} / {f['bytes']['full'] / 1e6:.1f}",
+            f"{f['bytes']['saved']:.0%}",
+            f"{f['changed_s']:.2f}",
+            _pair(f["push_s"]["file"]),
+            _pair(f["push_s"]["http"]),
+            _pair(f["gguf_export_s"]),
+        ]
+        for name, f in cases.items()
+    ]
+    table(
+        f"one AdamW step of SmolLM2-135M (fp32): delta / full, medians of {ROUNDS} alternating"
+        " rounds (ranges in the JSON)",
+        [
+            "training",
+            "tensors",
+            "MB",
+            "saved",
+            "changed() s",
+            "push s, file",
+            "push s, http",
+            "GGUF export s",
+        ],
+        rows,
+    )
+    return write_results(
+        "weights_delta",
+        {
+            "rounds": ROUNDS,
+            "batch": [BATCH, TOKENS],
+            "lr": LR,
+            "lora_style": list(LORA_STYLE),
+            "cases": cases,
+        },
+        COMMAND,
+    )
 
 
 if __name__ == "__main__":

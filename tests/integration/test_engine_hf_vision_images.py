@@ -84,9 +84,13 @@ async def test_engine_tiny_random_vlm_built_from_a_config_generates_from_an_imag
         assert [t for d in items[:-1] for t in d.token_ids] == result.completion_token_ids
 
         processor, model = engine.processor, engine.hf_model
-        shaped = [{"role": "system", "content": "You operate a desktop."},
-                  {"role": "user", "content": [{"type": "text", "text": "Turn 0: what next?"},
-                                               {"type": "image"}]}]  # fmt: skip
+        shaped = [
+            {"role": "system", "content": "You operate a desktop."},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "Turn 0: what next?"}, {"type": "image"}],
+            },
+        ]
         text = processor.apply_chat_template(shaped, tokenize=False, add_generation_prompt=True)
         image = Image.open(io.BytesIO(screenshot(0))).convert("RGB")
         inputs = processor(text=[text], images=[[image]], return_tensors="pt")

@@ -54,11 +54,21 @@ async def test_a_delta_changes_just_the_sent_tensors_and_answers_as_the_merged_m
     merged["model.norm.weight"] = old["model.norm.weight"] + 0.5
     delta = list(changed(snapshot(old.items()), merged.items()))
     # layer 1's norms are ones in both models: the same bytes, not sent
-    assert [n for n, _ in delta] == [f"{LAYER1}{part}.weight" for part in (
-        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")] + ["model.norm.weight"]  # fmt: skip
-    answer = await push_weights(url, delta, version=1, token="s3cret", transport=transport,
-                                delta=True, base=0)  # fmt: skip
+    assert [n for n, _ in delta] == [
+        f"{LAYER1}{part}.weight"
+        for part in (
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+        )
+    ] + ["model.norm.weight"]
+    answer = await push_weights(
+        url, delta, version=1, token="s3cret", transport=transport, delta=True, base=0
+    )
     assert answer["version"] == 1 and answer["base"] == 0 and answer["tensors"] == 8
     assert engine.version == gateway.weights_version == 1
     now = served_state(engine)
@@ -84,9 +94,16 @@ async def test_a_delta_on_another_base_is_409_and_changes_nothing(hf_served) -> 
     with pytest.raises(Conflict, match="computed against version 0, but hf-0 serves 1"):
         await push_weights(gateway, layer, version=2, delta=True, base=0)  # in process
     async with httpx.AsyncClient() as client:  # the raw route: refused before the body is read
-        reply = await client.put(weights_url(url, 2), content=b"".join(map(bytes, encode(layer))),
-                                 headers={**AUTH, "content-type": "application/octet-stream",
-                                          DELTA_HEADER: "1", BASE_HEADER: "7"})  # fmt: skip
+        reply = await client.put(
+            weights_url(url, 2),
+            content=b"".join(map(bytes, encode(layer))),
+            headers={
+                **AUTH,
+                "content-type": "application/octet-stream",
+                DELTA_HEADER: "1",
+                BASE_HEADER: "7",
+            },
+        )
     assert reply.status_code == 409 and "version 7" in reply.json()["error"]["message"]
     assert engine.version == 1 and await greedy(engine) == before
     assert all(t.equal(old[n]) for n, t in served_state(engine).items())
@@ -135,8 +152,14 @@ async def test_an_unknown_or_misshaped_tensor_in_a_delta_is_422_and_changes_noth
     before, old = await greedy(engine), served_state(engine)
     layer = [(n, t) for n, t in state(1).items() if n.startswith(LAYER1)]  # valid, sent first
     with pytest.raises(InvalidInput, match="unknown tensor 'nope'"):
-        await push_weights(url, [*layer, ("nope", layer[0][1].clone())], version=1,
-                           token="s3cret", delta=True, base=0)  # fmt: skip
+        await push_weights(
+            url,
+            [*layer, ("nope", layer[0][1].clone())],
+            version=1,
+            token="s3cret",
+            delta=True,
+            base=0,
+        )
     bad = [*layer, ("model.norm.weight", layer[0][1][:1].clone())]
     with pytest.raises(InvalidInput, match="'model.norm.weight' has shape"):
         await push_weights(url, bad, version=1, token="s3cret", delta=True, base=0)
@@ -172,8 +195,12 @@ def test_changed_compares_bytes_dtype_and_shape_and_shares_tied_copies() -> None
     import torch
 
     embed = torch.zeros(4, 3)
-    live = {"embed": embed, "head": embed, "norm": torch.tensor([0.0, float("nan")]),
-            "w": torch.ones(2, 2)}  # fmt: skip
+    live = {
+        "embed": embed,
+        "head": embed,
+        "norm": torch.tensor([0.0, float("nan")]),
+        "w": torch.ones(2, 2),
+    }
     previous = snapshot(live.items())
     assert previous["embed"] is previous["head"] and previous["embed"] is not embed
     assert list(changed(previous, live.items())) == []  # NaN has the same bytes: unchanged
@@ -227,8 +254,9 @@ def gguf_state() -> tuple[Path, dict[str, Any]]:
 
 def noisy(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
     rng = np.random.default_rng(5)
-    return {n: (state[n] + 0.02 * rng.standard_normal(state[n].shape)).astype(np.float32)
-            for n in names}  # fmt: skip
+    return {
+        n: (state[n] + 0.02 * rng.standard_normal(state[n].shape)).astype(np.float32) for n in names
+    }
 
 
 @pytest.mark.llamacpp

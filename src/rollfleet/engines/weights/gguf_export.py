@@ -461,8 +461,8 @@ def export_gguf(
     finally:
         Path(part).unlink(missing_ok=True)
     seconds = time.perf_counter() - started
-    log.info("llamacpp: %d tensors (%d sent) exported as %s to %s in %.2fs",
-             len(tensors), sent, out_type, final, seconds)  # fmt: skip
+    what = f"{len(tensors)} tensors ({sent} sent) exported as {out_type}"
+    log.info("llamacpp: %s to %s in %.2fs", what, final, seconds)
     return Export(final, out_type, len(tensors), seconds)
 
 

@@ -59,9 +59,17 @@ BASE_HEADER = "x-rollfleet-weights-base"
 LORA_HEADER = "x-rollfleet-weights-lora-alpha"  # the push is a LoRA adapter with this alpha
 MEMFD_PATH = re.compile(r"/proc/[1-9][0-9]{0,9}/fd/[0-9]{1,10}")  # what FILE_HEADER may name
 DTYPES = {
-    "float32": 4, "float16": 2, "bfloat16": 2, "float64": 8,
-    "int8": 1, "uint8": 1, "int16": 2, "int32": 4, "int64": 8, "bool": 1,
-}  # fmt: skip
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float64": 8,
+    "int8": 1,
+    "uint8": 1,
+    "int16": 2,
+    "int32": 4,
+    "int64": 8,
+    "bool": 1,
+}
 
 
 @dataclass(frozen=True, slots=True)
