@@ -9,6 +9,7 @@ def test_public_names_are_exported() -> None:
     assert sorted(coordinator.__all__) == [
         "AbortHook",
         "AbortResult",
+        "BatchCoordinator",
         "BatchInfo",
         "BatchLifecycleState",
         "BatchState",

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from rollfleet.coordinator.actor import get_actor
+from typing import TYPE_CHECKING
+
+from rollfleet.coordinator.actor import CoordinatorActor, get_actor
 from rollfleet.coordinator.advantages import group_advantages
+from rollfleet.coordinator.api import BatchCoordinator
 from rollfleet.coordinator.client import CoordinatorClient
 from rollfleet.coordinator.coordinator import RolloutCoordinator
 from rollfleet.coordinator.experiences import (
@@ -21,9 +24,19 @@ from rollfleet.coordinator.state import (
 )
 from rollfleet.coordinator.stragglers import AbortHook
 
+if TYPE_CHECKING:
+
+    def _each_declares_the_api(
+        here: RolloutCoordinator, remote: CoordinatorClient, actor: CoordinatorActor
+    ) -> list[BatchCoordinator]:
+        """mypy fails here when one of the three drifts from :class:`BatchCoordinator`."""
+        return [here, remote, actor]
+
+
 __all__ = [
     "AbortHook",
     "AbortResult",
+    "BatchCoordinator",
     "BatchInfo",
     "BatchLifecycleState",
     "BatchState",

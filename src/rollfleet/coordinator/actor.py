@@ -8,13 +8,21 @@ Its methods answer the coordinator's own records (``BatchInfo``, ``FinalizeResul
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rollfleet.coordinator.coordinator import RolloutCoordinator
 from rollfleet.coordinator.experiences import ExperienceStats
-from rollfleet.coordinator.state import AbortResult, BatchInfo, BatchType, FinalizeResult
+from rollfleet.coordinator.state import (
+    AbortResult,
+    BatchInfo,
+    BatchType,
+    FinalizeResult,
+    StragglerPolicy,
+)
 from rollfleet.errors import ClusterError
+from rollfleet.model import RolloutConfig
 
 DEFAULT_NAME = "rollfleet-coordinator"
 
@@ -36,36 +44,70 @@ class CoordinatorActor:
     async def submit_batch(
         self,
         batch_id: str | int,
-        tasks: list[Any],
+        tasks: Sequence[Any],
         batch_type: BatchType = "train",
         min_wait_num: int | None = None,
         repeat_times: int = 1,
-        **kwargs: Any,
+        *,
+        policy: StragglerPolicy | str | None = None,
+        mode: str | None = None,
+        config: RolloutConfig | None = None,
+        priority: int = 0,
+        max_staleness: int | None = None,
     ) -> BatchInfo:
         """Submit a batch."""
         return await self._coordinator.submit_batch(
-            batch_id, tasks, batch_type, min_wait_num, repeat_times, **kwargs
+            batch_id,
+            tasks,
+            batch_type,
+            min_wait_num,
+            repeat_times,
+            policy=policy,
+            mode=mode,
+            config=config,
+            priority=priority,
+            max_staleness=max_staleness,
         )
 
     async def get_batch(self, batch_id: str | int) -> BatchInfo:
         """One batch."""
         return await self._coordinator.get_batch(batch_id)
 
-    async def finalize_train_batch(self, batch_id: str | int, **kwargs: Any) -> FinalizeResult:
+    async def list_batches(self) -> list[BatchInfo]:
+        """Every batch, oldest first."""
+        return await self._coordinator.list_batches()
+
+    async def finalize_train_batch(
+        self,
+        batch_id: str | int,
+        *,
+        timeout: float | None = None,
+        wait_after_min: float | None = None,
+    ) -> FinalizeResult:
         """Finalize a train batch."""
-        return await self._coordinator.finalize_train_batch(batch_id, **kwargs)
+        return await self._coordinator.finalize_train_batch(
+            batch_id, timeout=timeout, wait_after_min=wait_after_min
+        )
 
-    async def finalize_eval_batch(self, batch_id: str | int, **kwargs: Any) -> FinalizeResult:
+    async def finalize_eval_batch(
+        self, batch_id: str | int, *, timeout: float | None = None
+    ) -> FinalizeResult:
         """Finalize an eval batch."""
-        return await self._coordinator.finalize_eval_batch(batch_id, **kwargs)
+        return await self._coordinator.finalize_eval_batch(batch_id, timeout=timeout)
 
-    async def abort_batch(self, batch_id: str | int, **kwargs: Any) -> AbortResult:
+    async def abort_batch(
+        self, batch_id: str | int, *, reason: str, keep_partial_results: bool = False
+    ) -> AbortResult:
         """Abort a batch."""
-        return await self._coordinator.abort_batch(batch_id, **kwargs)
+        return await self._coordinator.abort_batch(
+            batch_id, reason=reason, keep_partial_results=keep_partial_results
+        )
 
-    async def process_experiences(self, batch_id: str | int, **kwargs: Any) -> ExperienceStats:
+    async def process_experiences(
+        self, batch_id: str | int, *, estimator: str = "grpo"
+    ) -> ExperienceStats:
         """Write a batch's experiences; returns their figures."""
-        return await self._coordinator.process_experiences(batch_id, **kwargs)
+        return await self._coordinator.process_experiences(batch_id, estimator=estimator)
 
     async def set_policy_version(self, version: int) -> list[str]:
         """Report the version the engines serve; the ids of held batches now admitted."""

@@ -15,14 +15,20 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Any, TypeVar, cast
 
 import httpx
 
 from rollfleet.client.endpoints import split_urls
 from rollfleet.coordinator.experiences import ExperienceStats
-from rollfleet.coordinator.state import AbortResult, BatchInfo, BatchType, FinalizeResult
+from rollfleet.coordinator.state import (
+    AbortResult,
+    BatchInfo,
+    BatchType,
+    FinalizeResult,
+    StragglerPolicy,
+)
 from rollfleet.errors import StoreUnavailable
 from rollfleet.model import RolloutConfig, RolloutSpec, adapter
 from rollfleet.web.errors import error_from_answer
@@ -86,26 +92,33 @@ class CoordinatorClient:
     async def submit_batch(
         self,
         batch_id: str | int,
-        tasks: list[Any],
+        tasks: Sequence[Any],
         batch_type: BatchType = "train",
         min_wait_num: int | None = None,
         repeat_times: int = 1,
-        **options: Any,
+        *,
+        policy: StragglerPolicy | str | None = None,
+        mode: str | None = None,
+        config: RolloutConfig | None = None,
+        priority: int = 0,
+        max_staleness: int | None = None,
     ) -> BatchInfo:
-        """Submit task inputs or RolloutSpecs (options: policy, mode, config, priority)."""
-        body = {
+        """Submit task inputs or RolloutSpecs; the server checks the body (SubmitBatch)."""
+        body: dict[str, Any] = {
             "batch_id": str(batch_id),
             "batch_type": batch_type,
             "min_wait_num": min_wait_num,
             "repeat_times": repeat_times,
-            **options,
+            "policy": policy.value if isinstance(policy, StragglerPolicy) else policy,
+            "mode": mode,
+            "config": None if config is None else config.model_dump(mode="json"),
+            "priority": priority,
+            "max_staleness": max_staleness,
         }
         if tasks and all(isinstance(t, RolloutSpec) for t in tasks):
             body["specs"] = [t.model_dump(mode="json") for t in tasks]
         else:
-            body["tasks"] = tasks
-        if isinstance(body.get("config"), RolloutConfig):
-            body["config"] = body["config"].model_dump(mode="json")
+            body["tasks"] = list(tasks)
         return await self._call(BatchInfo, "POST", "", body)
 
     async def get_batch(self, batch_id: str | int) -> BatchInfo:

@@ -8,99 +8,20 @@ router raises rollfleet errors and the app maps them.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rollfleet.coordinator.api import (
+    AbortBatch,
+    FinalizeBatch,
+    PolicyVersion,
+    ProcessExperiences,
+    SubmitBatch,
+)
 from rollfleet.coordinator.coordinator import RolloutCoordinator
 from rollfleet.coordinator.experiences import ExperienceStats
-from rollfleet.coordinator.staleness import MAX_STALENESS_BOUND
-from rollfleet.coordinator.state import (
-    AbortResult,
-    BatchInfo,
-    BatchType,
-    FinalizeResult,
-    StragglerPolicy,
-)
-from rollfleet.model import ID_PATTERN, MAX_TIMEOUT_S, PRIORITY_BOUND, RolloutConfig, RolloutSpec
-
-MAX_REPEAT_TIMES = 1024  # samples per task
-MAX_BATCH_ROLLOUTS = 100_000  # tasks x repeat_times: one request never allocates more
-
-
-class SubmitBatch(BaseModel):
-    """Body of ``POST /batches``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    batch_id: str = Field(min_length=1, max_length=150, pattern=ID_PATTERN)
-    tasks: list[Any] = Field(
-        default_factory=list, max_length=MAX_BATCH_ROLLOUTS, description="task inputs"
-    )
-    specs: list[RolloutSpec] = Field(
-        default_factory=list,
-        max_length=MAX_BATCH_ROLLOUTS,
-        description="or full rollout specs, one per task",
-    )
-    batch_type: BatchType = "train"
-    min_wait_num: int | None = Field(default=None, ge=1)
-    repeat_times: int = Field(default=1, ge=1, le=MAX_REPEAT_TIMES)
-    policy: StragglerPolicy | None = None
-    mode: str | None = None
-    config: RolloutConfig | None = None
-    priority: int = Field(default=0, gt=-PRIORITY_BOUND, lt=PRIORITY_BOUND)
-    max_staleness: int | None = Field(
-        default=None, ge=0, le=MAX_STALENESS_BOUND, description="train: versions a sample may lag"
-    )
-
-    @model_validator(mode="after")
-    def _one_kind(self) -> SubmitBatch:
-        if bool(self.tasks) == bool(self.specs):
-            raise ValueError(
-                "give exactly one of tasks (inputs) or specs (rollout specs), not empty"
-            )
-        total = len(self.tasks or self.specs) * self.repeat_times
-        if total > MAX_BATCH_ROLLOUTS:
-            raise ValueError(
-                f"tasks x repeat_times is {total} rollouts; a batch holds at most "
-                f"{MAX_BATCH_ROLLOUTS}"
-            )
-        return self
-
-
-class PolicyVersion(BaseModel):
-    """Body of ``POST /batches/policy_version``: the version every engine serves now."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    version: int = Field(ge=0, le=2**63 - 1)
-
-
-class FinalizeBatch(BaseModel):
-    """Body of ``POST /batches/{id}/finalize``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    timeout: float | None = Field(default=None, ge=0, le=MAX_TIMEOUT_S)
-    wait_after_min: float | None = Field(default=None, ge=0, le=MAX_TIMEOUT_S)
-
-
-class AbortBatch(BaseModel):
-    """Body of ``POST /batches/{id}/abort``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    reason: str = Field(min_length=1, max_length=2000)
-    keep_partial_results: bool = False
-
-
-class ProcessExperiences(BaseModel):
-    """Body of ``POST /batches/{id}/experiences`` (files go to the server's experience dir)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    estimator: Literal["grpo", "drgrpo", "rloo"] = "grpo"
+from rollfleet.coordinator.state import AbortResult, BatchInfo, FinalizeResult
 
 
 def coordinator_router(coordinator: RolloutCoordinator) -> APIRouter:

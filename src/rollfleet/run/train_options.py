@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rollfleet.coordinator.advantages import check_estimator
+from rollfleet.coordinator.staleness import MAX_STALENESS_BOUND
 from rollfleet.envs import get_mode
 from rollfleet.errors import InvalidInput
 from rollfleet.run.orchestrate import AGENT, RunOptions
@@ -92,8 +93,10 @@ class TrainOptions:
             )
         if self.tasks_per_step * self.group_size > 4096:
             raise InvalidInput("--tasks-per-step × --group-size must be at most 4096")
-        if not 0 <= self.max_staleness <= 1000:
-            raise InvalidInput(f"--max-staleness must be 0 to 1000, got {self.max_staleness}")
+        if not 0 <= self.max_staleness <= MAX_STALENESS_BOUND:
+            raise InvalidInput(
+                f"--max-staleness must be 0 to {MAX_STALENESS_BOUND}, got {self.max_staleness}"
+            )
         if not 0 < self.lr < 1:
             raise InvalidInput(f"--lr must be between 0 and 1, got {self.lr}")
         if "://" in self.engine:
