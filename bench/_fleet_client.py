@@ -152,8 +152,14 @@ async def held_memory(counts: tuple[int, ...] = (2000, 5000, 10000)) -> list[dic
                 await asyncio.sleep(0.1)
             await asyncio.sleep(2.0)  # and read every claim into its long-poll
             rss = server.memory_info().rss
-            out.append({"connections": n, "rss_mib": rss / 2**20, "base_mib": base / 2**20,
-                        "kib_each": (rss - base) / n / 1024})  # fmt: skip
+            out.append(
+                {
+                    "connections": n,
+                    "rss_mib": rss / 2**20,
+                    "base_mib": base / 2**20,
+                    "kib_each": (rss - base) / n / 1024,
+                }
+            )
             print(json.dumps(out[-1]), flush=True)
     finally:
         for writer in held:
@@ -172,8 +178,11 @@ def memory_main() -> None:
     path = RESULTS / "fleet.json"
     doc = json.loads(path.read_text())
     figures = asyncio.run(held_memory())
-    doc["connection_memory"] = {"command": "python -m bench._fleet_client memory",
-                                "date": time.strftime("%Y-%m-%d"), "points": figures}  # fmt: skip
+    doc["connection_memory"] = {
+        "command": "python -m bench._fleet_client memory",
+        "date": time.strftime("%Y-%m-%d"),
+        "points": figures,
+    }
     path.write_text(json.dumps(doc, indent=2) + "\n")
 
 

@@ -18,7 +18,7 @@ STARTED = time.perf_counter()
 
 from llama_cpp import Llama  # noqa: E402  (imports count: they are part of the user's wait)
 
-from rollfleet.engines.llamacpp_model import bundled_gguf  # noqa: E402
+from rollfleet.engines.llamacpp.model import bundled_gguf  # noqa: E402
 from rollfleet.envs import get_mode  # noqa: E402
 
 

@@ -8,9 +8,9 @@ import asyncio
 import sys
 
 from bench.weights import smollm2_135m
-from rollfleet.engines.gateway import Gateway
-from rollfleet.engines.gateway_app import serve_gateway
-from rollfleet.engines.hf import HFEngine
+from rollfleet.engines.gateway.app import serve_gateway
+from rollfleet.engines.gateway.gateway import Gateway
+from rollfleet.engines.hf.engine import HFEngine
 
 
 async def main(port: int) -> None:

@@ -4,7 +4,7 @@ matrices (issue 32).
 The bundled SmolLM2 as the trainer loads it, LoRA r=16 on q and v (the ``rollfleet train``
 default), its B matrices set to new random values before every push (a step's change). Two
 llama.cpp engines as ``rollfleet train`` serves the model (the Q8_0 copy, 8 slots), each behind
-a gateway in this process: one takes the adapter (:mod:`rollfleet.engines.lora`: a GGUF adapter
+a gateway in this process: one takes the adapter (:mod:`rollfleet.engines.weights.lora`: a GGUF adapter
 set between two decode steps), the other the merged q/v matrices as a delta (a GGUF of the whole
 model written, then loaded). Alternating rounds A B A B; seconds per push, from the trainer's
 ``publish`` call to the engine serving the new version, and the bytes each sends. Goal: at most
@@ -33,9 +33,9 @@ async def measure() -> dict[str, Any]:
     """Both sides, alternating; seconds per push and the bytes of one."""
     import torch
 
-    from rollfleet.engines.gateway import Gateway
-    from rollfleet.engines.llamacpp import LlamaCppEngine
-    from rollfleet.engines.lora import peft_adapter
+    from rollfleet.engines.gateway.gateway import Gateway
+    from rollfleet.engines.llamacpp.engine import LlamaCppEngine
+    from rollfleet.engines.weights.lora import peft_adapter
     from rollfleet.train.policy import Policy, load_policy, publish, push_tensors
 
     torch.manual_seed(0)
@@ -64,7 +64,7 @@ async def measure() -> dict[str, Any]:
                 if side == "adapter":
                     await publish(model, gateway, _Coordinator(), version, base=version - 1)
                 else:  # what publish does for engines that take no adapter
-                    from rollfleet.engines.weights import push_weights
+                    from rollfleet.engines.weights.push import push_weights
 
                     tensors, _ = push_tensors(model)
                     await push_weights(

@@ -18,8 +18,8 @@ import httpx
 from starlette.requests import Request
 
 from bench._common import median_range, table, write_results
-from rollfleet.engines.gateway import Gateway
-from rollfleet.engines.gateway_app import running_gateway
+from rollfleet.engines.gateway.app import running_gateway
+from rollfleet.engines.gateway.gateway import Gateway
 from rollfleet.web.capability import caller_check, mint
 
 ROUNDS, CHECKS, CALLS = 7, 20_000, 300

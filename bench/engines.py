@@ -29,8 +29,8 @@ from rich.table import Table
 
 from rollfleet.engines.base import Engine, GenerationRequest, SamplingParams
 from rollfleet.engines.echo import EchoEngine
-from rollfleet.engines.gateway import Gateway, Replica, Router
-from rollfleet.engines.gateway_app import running_gateway
+from rollfleet.engines.gateway.app import running_gateway
+from rollfleet.engines.gateway.gateway import Gateway, Replica, Router
 from rollfleet.model import StepIn
 
 RESULTS = Path(__file__).parent / "results" / "engines.json"
@@ -61,8 +61,8 @@ async def _throughput(engine: Engine, concurrency: int, rounds: int = 2) -> floa
 
 async def bench_llamacpp() -> dict[str, Any]:
     """Tokens/s of the batched engine and of the slots design at each concurrency."""
-    from rollfleet.engines.llamacpp import LlamaCppEngine
-    from rollfleet.engines.llamacpp_slots import LlamaCppSlotsEngine
+    from rollfleet.engines.llamacpp.engine import LlamaCppEngine
+    from rollfleet.engines.llamacpp.slots import LlamaCppSlotsEngine
 
     out: dict[str, Any] = {"batched": {}, "slots": {}}
     batched = LlamaCppEngine(slots=8, ctx_per_seq=512)
@@ -147,7 +147,7 @@ async def bench_overhead(with_llamacpp: bool) -> dict[str, Any]:
     await echo.start()
     out = {"echo": await _overhead(echo, SamplingParams(max_tokens=2), 400)}
     if with_llamacpp:
-        from rollfleet.engines.llamacpp import LlamaCppEngine
+        from rollfleet.engines.llamacpp.engine import LlamaCppEngine
 
         llama = LlamaCppEngine(slots=4, ctx_per_seq=512)
         await llama.start()

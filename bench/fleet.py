@@ -371,10 +371,15 @@ def point_of(raw: list[dict[str, Any]], runners: int, replicas: int) -> dict[str
         for k, v in p["errors"].items():
             errors[k] = errors.get(k, 0) + v
     limits = {p.get("max_connections") for p in mine}
-    return {"runners": runners, "replicas": replicas, "rounds": len(mine), **summarise(mine),
-            "max_connections": limits.pop() if len(limits) == 1 else sorted(limits, key=str),
-            "over_limit_503_logged": sum(p["over_limit_503_logged"] for p in mine),
-            "errors_all_rounds": errors}  # fmt: skip
+    return {
+        "runners": runners,
+        "replicas": replicas,
+        "rounds": len(mine),
+        **summarise(mine),
+        "max_connections": limits.pop() if len(limits) == 1 else sorted(limits, key=str),
+        "over_limit_503_logged": sum(p["over_limit_503_logged"] for p in mine),
+        "errors_all_rounds": errors,
+    }
 
 
 def merged(new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
@@ -384,10 +389,14 @@ def merged(new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
     replaced = [p for p in old.get("points", []) if key(p) in mine]
     run = {k: old.get(k) for k in ("command", "wall_s", "machine", "seconds_per_point", "rounds")}
     before = [*old.get("before", []), {"run": run, "points": replaced}] if replaced else []
-    return {**new, "points": sorted([*(p for p in old.get("points", []) if key(p) not in mine),
-                                      *new["points"]], key=key),
-            "raw": [*(p for p in old.get("raw", []) if key(p) not in mine), *new["raw"]],
-            "before": before or old.get("before", [])}  # fmt: skip
+    return {
+        **new,
+        "points": sorted(
+            [*(p for p in old.get("points", []) if key(p) not in mine), *new["points"]], key=key
+        ),
+        "raw": [*(p for p in old.get("raw", []) if key(p) not in mine), *new["raw"]],
+        "before": before or old.get("before", []),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -400,18 +409,43 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     logdir = Path(tempfile.mkdtemp(prefix="rollfleet-fleet-"))
     raw = asyncio.run(run_all(counts, logdir))
     points = [point_of(raw, runners, replicas) for runners in counts for replicas in (1, 2)]
-    columns = ["runners", "replicas", "claims/s", "completions/s", "claim p50 ms", "claim p99 ms",
-               "server CPU", "PG CPU", "RSS MiB", "errors"]  # fmt: skip
-    figures = [("claims_per_s", 0), ("completions_per_s", 0), ("claim_p50_ms", 1),
-               ("claim_p99_ms", 1), ("server_cpu", 2), ("postgres_cpu", 2),
-               ("server_rss_mib", 0), ("error_count", 0)]  # fmt: skip
+    columns = [
+        "runners",
+        "replicas",
+        "claims/s",
+        "completions/s",
+        "claim p50 ms",
+        "claim p99 ms",
+        "server CPU",
+        "PG CPU",
+        "RSS MiB",
+        "errors",
+    ]
+    figures = [
+        ("claims_per_s", 0),
+        ("completions_per_s", 0),
+        ("claim_p50_ms", 1),
+        ("claim_p99_ms", 1),
+        ("server_cpu", 2),
+        ("postgres_cpu", 2),
+        ("server_rss_mib", 0),
+        ("error_count", 0),
+    ]
     rows = [[p["runners"], p["replicas"], *(fmt(p[k], d) for k, d in figures)] for p in points]
     table("fleet: medians [min–max] over rounds", columns, rows)
     command = "python -m bench fleet" + (f" {chosen[0]}" if chosen else "")
-    new = {"seconds_per_point": SECONDS, "warmup_s": WARMUP, "rounds": ROUNDS,
-           "agent_s": list(AGENT_S), "claim_wait_s": CLAIM_WAIT_S, "fd_limit": fd_limit,
-           "counts": counts, "wall_s": round(time.time() - began, 1), "points": points,
-           "raw": raw}  # fmt: skip
+    new = {
+        "seconds_per_point": SECONDS,
+        "warmup_s": WARMUP,
+        "rounds": ROUNDS,
+        "agent_s": list(AGENT_S),
+        "claim_wait_s": CLAIM_WAIT_S,
+        "fd_limit": fd_limit,
+        "counts": counts,
+        "wall_s": round(time.time() - began, 1),
+        "points": points,
+        "raw": raw,
+    }
     path = RESULTS / "fleet.json"
     old = json.loads(path.read_text()) if chosen and path.exists() else {}
     return write_results("fleet", merged(new, old), command)

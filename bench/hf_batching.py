@@ -5,7 +5,7 @@ another (every ``GAP_S``) with different lengths (``LENGTHS`` tokens, cycled), g
 ignored so both sides produce exactly the requested tokens. The model has SmolLM2-135M's shape
 (random weights: the compute is what matters), as ``rollfleet train --engine hf`` serves it.
 
-- rollfleet: :class:`~rollfleet.engines.hf.HFEngine` (``max_batch=8``): a request joins the
+- rollfleet: :class:`~rollfleet.engines.hf.engine.HFEngine` (``max_batch=8``): a request joins the
   running batch at the next decode step and leaves it when done.
 - baseline, what a user writes without rollfleet: a thread that takes whatever has arrived (up
   to 8), left-pads it and calls ``model.generate`` for the longest of them; requests that arrive
@@ -111,7 +111,7 @@ def figures(latencies: list[float]) -> dict[str, float]:
 
 async def run() -> dict[str, Any]:
     """Alternating rounds of both sides on one model."""
-    from rollfleet.engines.hf import HFEngine
+    from rollfleet.engines.hf.engine import HFEngine
 
     model, tokenizer = smollm2_135m()
     engine = HFEngine(model, tokenizer, max_batch=MAX_BATCH)

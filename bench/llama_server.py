@@ -197,7 +197,7 @@ async def compare(
     label: str, original: Path, batch_quant: bool, args: argparse.Namespace, log_dir: Path
 ) -> dict[str, Any]:
     """All rounds on one model file: A and B alternating, bare decode once per round."""
-    from rollfleet.engines.llamacpp import LlamaCppEngine
+    from rollfleet.engines.llamacpp.engine import LlamaCppEngine
 
     engine = LlamaCppEngine(
         original,
@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     import llama_cpp
 
-    from rollfleet.engines.llamacpp_model import bundled_gguf
+    from rollfleet.engines.llamacpp.model import bundled_gguf
 
     bundled = bundled_gguf()
     models = [("q8_0", True)] + ([("q4_1", False)] if args.q4 else [])

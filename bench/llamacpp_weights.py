@@ -19,8 +19,8 @@ from typing import Any
 
 from bench._common import table, write_results
 from rollfleet.engines.base import Delta, GenerationRequest, SamplingParams
-from rollfleet.engines.llamacpp import LlamaCppEngine
-from rollfleet.engines.llamacpp_model import bundled_gguf
+from rollfleet.engines.llamacpp.engine import LlamaCppEngine
+from rollfleet.engines.llamacpp.model import bundled_gguf
 
 ROUNDS, CLIENTS = 3, 4
 

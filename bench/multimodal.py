@@ -56,16 +56,22 @@ def _conversation(turns: int) -> list[dict[str, Any]]:
     for turn in range(turns):
         if turn:
             messages.append({"role": "assistant", "content": f"click({turn * 18}, 46)"})
-        messages.append({"role": "user", "content": [
-            {"type": "text", "text": f"Observation {turn}. Next action?"},
-            image_part(_screenshot(turn))]})  # fmt: skip
+        messages.append(
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": f"Observation {turn}. Next action?"},
+                    image_part(_screenshot(turn)),
+                ],
+            }
+        )
     return messages
 
 
 async def _one_conversation(engine: Any, cache_bytes: int) -> tuple[list[float], list[list[int]]]:
     """Per-turn seconds and tokens of one conversation on a fresh cache of ``cache_bytes``."""
     from rollfleet.engines.base import GenerationRequest, SamplingParams
-    from rollfleet.engines.hf_vision import ImageCache
+    from rollfleet.engines.hf.vision import ImageCache
 
     engine.images, engine.encoder_calls = ImageCache(cache_bytes), 0
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
@@ -80,7 +86,7 @@ async def _one_conversation(engine: Any, cache_bytes: int) -> tuple[list[float],
 
 
 async def _latency() -> dict[str, Any]:
-    from rollfleet.engines.hf_vision import HFVisionEngine
+    from rollfleet.engines.hf.vision import HFVisionEngine
     from rollfleet.engines.tiny import tiny_vlm
 
     engine = HFVisionEngine(*tiny_vlm(**VLM), max_batch=1)
@@ -98,17 +104,23 @@ async def _latency() -> dict[str, Any]:
                 calls[side] = engine.encoder_calls
     finally:
         await engine.stop()
-    per_turn = [{"turn": t + 1, **{side: median_range([r[t] for r in runs[side]]) for side in sides}}
-                for t in range(TURNS)]  # fmt: skip
+    per_turn = [
+        {"turn": t + 1, **{side: median_range([r[t] for r in runs[side]]) for side in sides}}
+        for t in range(TURNS)
+    ]
     totals = {side: median_range([sum(r) for r in runs[side]]) for side in sides}
     return {
         "model": f"tiny random Idefics3 built from a config ({VLM}), screenshots {SCREEN}",
-        "rounds": ROUNDS, "turns": TURNS, "new_tokens": NEW_TOKENS,
-        "per_turn_s": per_turn, "conversation_s": totals, "encoder_calls": calls,
+        "rounds": ROUNDS,
+        "turns": TURNS,
+        "new_tokens": NEW_TOKENS,
+        "per_turn_s": per_turn,
+        "conversation_s": totals,
+        "encoder_calls": calls,
         "same_tokens": tokens["cached"] == tokens["uncached"],
         "last_turn_speedup": per_turn[-1]["uncached"]["median"] / per_turn[-1]["cached"]["median"],
         "conversation_speedup": totals["uncached"]["median"] / totals["cached"]["median"],
-    }  # fmt: skip
+    }
 
 
 def latency() -> dict[str, Any]:
@@ -219,9 +231,13 @@ def main() -> dict[str, Any]:
             f"{lat['conversation_speedup']:.2f}×",
         ]
     )
-    table(f"per-turn latency, ms, median \\[range] of {ROUNDS} alternating rounds; encoder calls "
-          f"{lat['encoder_calls']['cached']} vs {lat['encoder_calls']['uncached']}, same tokens: "
-          f"{lat['same_tokens']}", ["turn", "image delta", "no cache", "ratio"], rows)  # fmt: skip
+    table(
+        f"per-turn latency, ms, median \\[range] of {ROUNDS} alternating rounds; encoder calls "
+        f"{lat['encoder_calls']['cached']} vs {lat['encoder_calls']['uncached']}, same tokens: "
+        f"{lat['same_tokens']}",
+        ["turn", "image delta", "no cache", "ratio"],
+        rows,
+    )
     print(
         f"stored per trajectory: {st['content_addressed_bytes_per_trajectory'] / 1e3:,.0f} kB by content "
         f"vs {st['inline_base64_bytes_per_trajectory'] / 1e3:,.0f} kB inline base64 ({st['ratio']:.1f}x less)"

@@ -9,7 +9,7 @@ random runner SIGKILLed after each exponential interval and the server killed an
 at 20 % done: the same seed per round for both sides, so the same intervals, and victims drawn by
 the same generator from the live runners. ``resume`` is the scripted mode (declares ``replay``: a
 later attempt goes on from the last recorded turn, and the gateway answers the call that was in
-flight when its runner died with the tokens it generated: rollfleet.engines.repeats);
+flight when its runner died with the tokens it generated: rollfleet.engines.gateway.repeats);
 ``restart`` is restart-from-scratch, as the field does it: the same script in a mode that
 declares ``restart`` (every attempt from turn 0) and a gateway that generates every call again
 (the engine's prefix cache still serves both). One engine serves every round; rounds alternate
@@ -139,7 +139,7 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 async def measure(rounds: int, rollouts: int) -> dict[str, Any]:
     """Alternate the sides ``rounds`` times on one engine; the seed changes per round only."""
-    from rollfleet.engines.llamacpp import LlamaCppEngine
+    from rollfleet.engines.llamacpp.engine import LlamaCppEngine
 
     engine = LlamaCppEngine(slots=RUNNERS * CONCURRENCY, threads=ENGINE_THREADS)
     await engine.start()

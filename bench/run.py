@@ -96,7 +96,7 @@ def _naive(model: Path) -> dict[str, Any]:
 
 def main() -> dict[str, Any]:
     """Alternate every side over ROUNDS rounds; print and write bench/results/run.json."""
-    from rollfleet.engines.llamacpp_model import batch_friendly, bundled_gguf
+    from rollfleet.engines.llamacpp.model import batch_friendly, bundled_gguf
 
     models = {NAIVE: bundled_gguf(), NAIVE_Q8: batch_friendly(bundled_gguf())}  # converted here
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in SIDES}

@@ -23,8 +23,8 @@ import orjson
 
 from bench._common import median_range, table, write_results
 from rollfleet.engines.base import Delta, FinishReason, Generation, GenerationRequest
-from rollfleet.engines.gateway import step_payload
-from rollfleet.engines.openai_wire import Shaper, parse_request, sse
+from rollfleet.engines.gateway.gateway import step_payload
+from rollfleet.engines.gateway.wire import Shaper, parse_request, sse
 from rollfleet.engines.tool_calls import read_tool_calls
 
 ROUNDS, N = 7, 2_000

@@ -46,10 +46,15 @@ def one_run(k: int, out: Path) -> dict[str, Any]:
     from rollfleet.run.train_options import TrainOptions
 
     opts = TrainOptions(
-        mode="math", data=ROOT / "src" / "rollfleet" / "examples" / "arith.jsonl",
-        output_dir=out, steps=STEPS, tasks_per_step=TASKS, group_size=GROUP, max_staleness=k,
+        mode="math",
+        data=ROOT / "src" / "rollfleet" / "examples" / "arith.jsonl",
+        output_dir=out,
+        steps=STEPS,
+        tasks_per_step=TASKS,
+        group_size=GROUP,
+        max_staleness=k,
         max_tokens=MAX_TOKENS,
-    )  # fmt: skip
+    )
     began = time.perf_counter()
     records = asyncio.run(train(opts, Console(quiet=True)))
     return {"wall_s": time.perf_counter() - began, "steps": records}
@@ -73,8 +78,11 @@ def main() -> dict[str, Any]:
                 shutil.rmtree(out, ignore_errors=True)
             runs[k].append(found)
             steps = found["steps"]
-            print(f"round {r + 1} K={k}: " + " ".join(f"{s['seconds/step']:.1f}" for s in steps)
-                  + f" s/step, wall {found['wall_s']:.0f} s")  # fmt: skip
+            print(
+                f"round {r + 1} K={k}: "
+                + " ".join(f"{s['seconds/step']:.1f}" for s in steps)
+                + f" s/step, wall {found['wall_s']:.0f} s"
+            )
     sides: dict[str, Any] = {}
     for k in KS:
         later = [s for run in runs[k] for s in run["steps"][1:]]
@@ -104,10 +112,17 @@ def main() -> dict[str, Any]:
                 f"{s['vs_sync']:.2f}x",
             ]
             for k, s in sides.items()
-        ],  # fmt: skip
+        ],
     )
-    settings = {"rounds": ROUNDS, "orders": orders, "steps": STEPS, "tasks": TASKS,
-                "group": GROUP, "max_tokens": MAX_TOKENS, "lora_rank": 16}  # fmt: skip
+    settings = {
+        "rounds": ROUNDS,
+        "orders": orders,
+        "steps": STEPS,
+        "tasks": TASKS,
+        "group": GROUP,
+        "max_tokens": MAX_TOKENS,
+        "lora_rank": 16,
+    }
     return write_results("train", {"settings": settings, "sides": sides}, COMMAND)
 
 

@@ -1,7 +1,7 @@
 """Token-in across turns on agent conversations: ``python -m bench train_agent``.
 
 Three-turn lookup conversations on the real bundled model (SmolLM2 through the llama.cpp engine)
-behind a real :class:`~rollfleet.engines.gateway.Gateway` whose recorder keeps the LLM steps, as
+behind a real :class:`~rollfleet.engines.gateway.gateway.Gateway` whose recorder keeps the LLM steps, as
 the control plane's store does. A conversation is what the agent loop sends for a task of
 ``examples/lookup_eval.jsonl``: the lookup mode's system prompt (plus the tools' text protocol)
 and the task's question, then three calls; after each reply the loop's assistant message and
@@ -100,8 +100,9 @@ def actions_match(seqs: list[Any], results: list[Any]) -> bool:
 async def one_round(side: str, r: int, n: int = CONVERSATIONS) -> dict[str, Any]:
     """Round ``r`` of one side on a freshly loaded engine; its figures."""
     from rollfleet.coordinator.experiences import sequences_from_steps, training_calls
-    from rollfleet.engines.gateway import Gateway, Priors
-    from rollfleet.engines.llamacpp import LlamaCppEngine
+    from rollfleet.engines.gateway.gateway import Gateway
+    from rollfleet.engines.gateway.priors import Priors
+    from rollfleet.engines.llamacpp.engine import LlamaCppEngine
 
     engine = LlamaCppEngine(slots=SLOTS, ctx_per_seq=CTX_PER_SEQ)
     await engine.start()

@@ -34,12 +34,31 @@ def rows(model: Any) -> list[Experience]:
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(100, 40000, (ROWS, PROMPT + ACTION), generator=gen).tolist()
     mask = [0] * PROMPT + [1] * ACTION
-    base = [Experience(f"r{i}", "b", "g", 0, t, PROMPT, [0.0] * len(t), mask, 0.0,
-                       1.0 if i % 2 else -1.0, 0, 0) for i, t in enumerate(ids)]  # fmt: skip
+    base = [
+        Experience(
+            f"r{i}", "b", "g", 0, t, PROMPT, [0.0] * len(t), mask, 0.0, 1.0 if i % 2 else -1.0, 0, 0
+        )
+        for i, t in enumerate(ids)
+    ]
     with torch.no_grad():
         lp = token_logprobs(model, collate(base))
-    return [Experience(e.rollout_id, "b", "g", 0, e.tokens, PROMPT, lp[i].tolist(), mask, 0.0,
-                       e.advantage, 0, 0) for i, e in enumerate(base)]  # fmt: skip
+    return [
+        Experience(
+            e.rollout_id,
+            "b",
+            "g",
+            0,
+            e.tokens,
+            PROMPT,
+            lp[i].tolist(),
+            mask,
+            0.0,
+            e.advantage,
+            0,
+            0,
+        )
+        for i, e in enumerate(base)
+    ]
 
 
 def sides(model: Any) -> dict[str, Any]:
@@ -84,7 +103,7 @@ def main() -> dict[str, Any]:
                 "max": max(seconds[name]),
                 "runs": seconds[name],
             },
-        }  # fmt: skip
+        }
         for name, m in models.items()
     }
     full = figures["full"]["step_s"]["median"]
@@ -99,7 +118,7 @@ def main() -> dict[str, Any]:
                 f"{full / f['step_s']['median']:.2f}x",
             ]
             for k, f in figures.items()
-        ],  # fmt: skip
+        ],
     )
     settings = {"rounds": ROUNDS, "rows": ROWS, "prompt_tokens": PROMPT, "action_tokens": ACTION}
     return write_results("train_step", {"settings": settings, "sides": figures}, COMMAND)

@@ -44,7 +44,7 @@ def smollm2_135m(seed: int = 0) -> tuple[Any, Any]:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from rollfleet.engines.hf import tiny_hf_model
+    from rollfleet.engines.tiny import tiny_hf_model
 
     _, tokenizer = tiny_hf_model()
     torch.manual_seed(seed)
@@ -67,7 +67,7 @@ def smollm2_135m(seed: int = 0) -> tuple[Any, Any]:
 async def _sync() -> dict[str, Any]:
     import torch
 
-    from rollfleet.engines.weights import push_weights, untied
+    from rollfleet.engines.weights.push import push_weights, untied
 
     source = untied(smollm2_135m(seed=1)[0].state_dict().items())  # the LM head is tied
     target = smollm2_135m(seed=2)[0].state_dict()
@@ -117,7 +117,7 @@ async def _sync() -> dict[str, Any]:
 
 async def _pauses(double_buffer: bool) -> dict[str, Any]:
     """In this process: full updates into an engine, the worker's pause against the whole call."""
-    from rollfleet.engines.hf import HFEngine
+    from rollfleet.engines.hf.engine import HFEngine
 
     engine = HFEngine(*smollm2_135m(seed=0), double_buffer=double_buffer)
     await engine.start()
@@ -157,7 +157,7 @@ async def _push_when_up(push: Any, url: str, source: Any, version: int) -> dict[
 
 async def _swaps(mode: str, model: Any, tokenizer: Any, new_states: list[Any]) -> dict[str, Any]:
     from rollfleet.engines.base import GenerationRequest, SamplingParams
-    from rollfleet.engines.hf import HFEngine
+    from rollfleet.engines.hf.engine import HFEngine
 
     engine = HFEngine(model, tokenizer, max_batch=CONCURRENT, interruptible=mode != "drain")
     await engine.start()

@@ -9,8 +9,8 @@ torch's defaults but the rate) on a batch of 2 x 32 token ids, two ways:
 * ``lora_style``: only ``q_proj`` and ``v_proj`` of every layer trainable, the rest frozen (the
   matrices a LoRA adapter on q and v changes once merged; ``peft`` is not a dependency).
 
-For each: the tensors whose bytes changed (:func:`rollfleet.engines.weights.changed` against a
-:func:`~rollfleet.engines.weights.snapshot` taken before the step), the bytes a full push and a
+For each: the tensors whose bytes changed (:func:`rollfleet.engines.weights.push.changed` against a
+:func:`~rollfleet.engines.weights.push.snapshot` taken before the step), the bytes a full push and a
 delta push send, the time ``changed`` takes, and the time of each push to a gateway served in
 this process (loopback HTTP) over an HF engine holding the same model: full and delta pushes in
 alternating rounds (full, delta, full, delta, ...; each delta on the version the full push before
@@ -43,7 +43,7 @@ def load_model() -> Any:
     """The bundled model as a trainer holds it (float32)."""
     from transformers import AutoModelForCausalLM
 
-    from rollfleet.engines.llamacpp_model import bundled_gguf
+    from rollfleet.engines.llamacpp.model import bundled_gguf
 
     path = bundled_gguf()
     return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
@@ -56,8 +56,9 @@ def one_step(model: Any, trainable: tuple[str, ...] | None) -> float:
 
     for name, param in model.named_parameters():
         param.requires_grad_(trainable is None or name.endswith(trainable))
-    ids = torch.randint(0, model.config.vocab_size, (BATCH, TOKENS),
-                        generator=torch.Generator().manual_seed(0))  # fmt: skip
+    ids = torch.randint(
+        0, model.config.vocab_size, (BATCH, TOKENS), generator=torch.Generator().manual_seed(0)
+    )
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
     started = time.perf_counter()
     model.train()
@@ -77,12 +78,16 @@ def _elements_changed(before: dict[str, Any], after: list[tuple[str, Any]]) -> i
 
 async def _pushes(url: str, gateway: Any, full: list[Any], delta: list[Any]) -> dict[str, Any]:
     """Full and delta pushes, alternating, ROUNDS each per transport; seconds and install times."""
-    from rollfleet.engines.weights import push_weights
+    from rollfleet.engines.weights.push import push_weights
 
     out: dict[str, Any] = {}
     for transport in ("file", "http"):
-        runs: dict[str, list[float]] = {"full": [], "delta": [], "full_install": [],
-                                        "delta_install": []}  # fmt: skip
+        runs: dict[str, list[float]] = {
+            "full": [],
+            "delta": [],
+            "full_install": [],
+            "delta_install": [],
+        }
         for _ in range(ROUNDS):
             for kind, tensors in (("full", full), ("delta", delta)):
                 version = gateway.weights_version + 1
@@ -92,16 +97,17 @@ async def _pushes(url: str, gateway: Any, full: list[Any], delta: list[Any]) -> 
                 runs[kind].append(time.perf_counter() - started)
                 runs[f"{kind}_install"].append(answer["update_s"]["hf-0"])
         out[transport] = {key: median_range(values) for key, values in runs.items()}
-        out[transport]["delta_vs_full"] = (statistics.median(runs["full"])
-                                           / statistics.median(runs["delta"]))  # fmt: skip
+        out[transport]["delta_vs_full"] = statistics.median(runs["full"]) / statistics.median(
+            runs["delta"]
+        )
     return out
 
 
 def _exports(state: list[Any], delta: list[Any]) -> dict[str, Any]:
     """GGUF exports for llama.cpp, full and delta, alternating, against an f16 export as base."""
     from rollfleet.engines.base import WeightsDelta
-    from rollfleet.engines.gguf_export import export_gguf
-    from rollfleet.engines.llamacpp_model import bundled_gguf
+    from rollfleet.engines.llamacpp.model import bundled_gguf
+    from rollfleet.engines.weights.gguf_export import export_gguf
 
     runs: dict[str, list[float]] = {"full": [], "delta": []}
     with tempfile.TemporaryDirectory() as folder:
@@ -119,10 +125,11 @@ def _exports(state: list[Any], delta: list[Any]) -> dict[str, Any]:
 
 
 async def _case(pristine: Any, trainable: tuple[str, ...] | None) -> dict[str, Any]:
-    from rollfleet.engines.gateway import Gateway
-    from rollfleet.engines.gateway_app import running_gateway
-    from rollfleet.engines.hf import HFEngine, tiny_hf_model
-    from rollfleet.engines.weights import changed, snapshot, untied
+    from rollfleet.engines.gateway.app import running_gateway
+    from rollfleet.engines.gateway.gateway import Gateway
+    from rollfleet.engines.hf.engine import HFEngine
+    from rollfleet.engines.tiny import tiny_hf_model
+    from rollfleet.engines.weights.push import changed, snapshot, untied
 
     trainer = copy.deepcopy(pristine)
     before = snapshot(trainer.state_dict().items())
@@ -132,13 +139,14 @@ async def _case(pristine: Any, trainable: tuple[str, ...] | None) -> dict[str, A
     delta = untied(changed(before, trainer.state_dict().items()))
     changed_s = time.perf_counter() - started
     figures: dict[str, Any] = {
-        "step_s": step_s, "changed_s": changed_s,
+        "step_s": step_s,
+        "changed_s": changed_s,
         "tensors": {"full": len(state), "delta": len(delta)},
         "bytes": {"full": _nbytes(state), "delta": _nbytes(delta)},
         "elements_changed": _elements_changed(before, delta),
         "elements": sum(t.numel() for _, t in state),
         "delta_names": sorted({re.sub(r"^model\.layers\.[0-9]+\.", "", n) for n, _ in delta}),
-    }  # fmt: skip
+    }
     figures["bytes"]["saved"] = 1 - figures["bytes"]["delta"] / figures["bytes"]["full"]
     engine = HFEngine(copy.deepcopy(pristine), tiny_hf_model()[1], max_batch=1)
     await engine.start()
@@ -170,18 +178,45 @@ def _pair(f: dict[str, Any]) -> str:
 def main() -> dict[str, Any]:
     """Measure both cases; print a table and write bench/results/weights_delta.json."""
     cases = asyncio.run(_measure())
-    rows = [[name, f"{f['tensors']['delta']} / {f['tensors']['full']}",
-             f"{f['bytes']['delta'] / 1e6:.1f} / {f['bytes']['full'] / 1e6:.1f}",
-             f"{f['bytes']['saved']:.0%}", f"{f['changed_s']:.2f}", _pair(f["push_s"]["file"]),
-             _pair(f["push_s"]["http"]), _pair(f["gguf_export_s"])]
-            for name, f in cases.items()]  # fmt: skip
-    table(f"one AdamW step of SmolLM2-135M (fp32): delta / full, medians of {ROUNDS} alternating"
-          " rounds (ranges in the JSON)",
-          ["training", "tensors", "MB", "saved", "changed() s", "push s, file", "push s, http",
-           "GGUF export s"], rows)  # fmt: skip
-    return write_results("weights_delta", {"rounds": ROUNDS, "batch": [BATCH, TOKENS], "lr": LR,
-                                           "lora_style": list(LORA_STYLE), "cases": cases},
-                         COMMAND)  # fmt: skip
+    rows = [
+        [
+            name,
+            f"{f['tensors']['delta']} / {f['tensors']['full']}",
+            f"{f['bytes']['delta'] / 1e6:.1f} / {f['bytes']['full'] / 1e6:.1f}",
+            f"{f['bytes']['saved']:.0%}",
+            f"{f['changed_s']:.2f}",
+            _pair(f["push_s"]["file"]),
+            _pair(f["push_s"]["http"]),
+            _pair(f["gguf_export_s"]),
+        ]
+        for name, f in cases.items()
+    ]
+    table(
+        f"one AdamW step of SmolLM2-135M (fp32): delta / full, medians of {ROUNDS} alternating"
+        " rounds (ranges in the JSON)",
+        [
+            "training",
+            "tensors",
+            "MB",
+            "saved",
+            "changed() s",
+            "push s, file",
+            "push s, http",
+            "GGUF export s",
+        ],
+        rows,
+    )
+    return write_results(
+        "weights_delta",
+        {
+            "rounds": ROUNDS,
+            "batch": [BATCH, TOKENS],
+            "lr": LR,
+            "lora_style": list(LORA_STYLE),
+            "cases": cases,
+        },
+        COMMAND,
+    )
 
 
 if __name__ == "__main__":

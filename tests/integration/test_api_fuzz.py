@@ -88,8 +88,8 @@ def test_fuzz_the_gateway() -> None:
     import threading
 
     from rollfleet.engines.echo import EchoEngine
-    from rollfleet.engines.gateway import Gateway
-    from rollfleet.engines.gateway_app import running_gateway
+    from rollfleet.engines.gateway.app import running_gateway
+    from rollfleet.engines.gateway.gateway import Gateway
 
     ready: dict[str, Any] = {}
     done = threading.Event()

@@ -20,7 +20,8 @@ PROMPT = [{"role": "user", "content": "hello there"}]
 @pytest.fixture
 async def engine():
     require(HAVE, "transformers and torch (rollfleet[hf])")
-    from rollfleet.engines.hf import HFEngine, tiny_hf_model
+    from rollfleet.engines.hf.engine import HFEngine
+    from rollfleet.engines.tiny import tiny_hf_model
 
     eng = HFEngine(*tiny_hf_model(seed=0), max_batch=4)
     await eng.start()
@@ -88,7 +89,7 @@ async def test_engine_hf_requests_beyond_max_batch_wait_for_a_free_row(engine) -
 
 
 async def test_engine_hf_weight_update_changes_the_generated_tokens(engine) -> None:
-    from rollfleet.engines.hf import tiny_hf_model
+    from rollfleet.engines.tiny import tiny_hf_model
 
     before = await greedy(engine)
     other, _ = tiny_hf_model(seed=1)
@@ -103,7 +104,7 @@ async def test_engine_hf_weight_update_changes_the_generated_tokens(engine) -> N
 async def test_engine_hf_weight_update_from_a_safetensors_checkpoint(engine, tmp_path) -> None:
     from safetensors.torch import save_file
 
-    from rollfleet.engines.hf import tiny_hf_model
+    from rollfleet.engines.tiny import tiny_hf_model
 
     before = await greedy(engine)
     other, _ = tiny_hf_model(seed=2)
@@ -147,7 +148,8 @@ async def test_engine_hf_new_weights_mid_generation_continue_it_under_the_new_po
     """The swap lands between two decode steps of a running request: nothing is thrown away,
     the KV cache is recomputed, and the tokens after the swap are exactly what a fresh engine
     with the new weights generates from the prompt and the tokens before it."""
-    from rollfleet.engines.hf import HFEngine, tiny_hf_model
+    from rollfleet.engines.hf.engine import HFEngine
+    from rollfleet.engines.tiny import tiny_hf_model
 
     long = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
     task = await streaming(engine, GenerationRequest(prompt="tell me", params=long), after=5)
@@ -182,7 +184,8 @@ async def test_engine_hf_new_weights_mid_generation_continue_it_under_the_new_po
 
 async def test_engine_hf_weight_update_before_start_is_refused_not_left_waiting() -> None:
     require(HAVE, "transformers and torch (rollfleet[hf])")
-    from rollfleet.engines.hf import HFEngine, tiny_hf_model
+    from rollfleet.engines.hf.engine import HFEngine
+    from rollfleet.engines.tiny import tiny_hf_model
 
     model, tokenizer = tiny_hf_model(seed=0)
     engine = HFEngine(model, tokenizer)

@@ -33,7 +33,8 @@ def cuda() -> bool:
 async def answers(device: str, seed: int, pushed: int | None = None) -> list[tuple[list, list]]:
     """Greedy tokens and logprobs for PROMPTS, batched, from an engine on ``device`` serving the
     tiny model of ``seed`` (then, if ``pushed``, the weights of that seed pushed to it)."""
-    from rollfleet.engines.hf import HFEngine, tiny_hf_model
+    from rollfleet.engines.hf.engine import HFEngine
+    from rollfleet.engines.tiny import tiny_hf_model
 
     engine = HFEngine(*tiny_hf_model(seed=seed), max_batch=4, device=device)
     await engine.start()

@@ -18,7 +18,7 @@ import pytest
 from support import require, streaming
 
 from rollfleet.engines.base import GenerationRequest, SamplingParams, WeightsDelta
-from rollfleet.engines.gateway import Gateway
+from rollfleet.engines.gateway.gateway import Gateway
 from rollfleet.errors import Conflict, EngineError
 
 HAVE = bool(importlib.util.find_spec("transformers") and importlib.util.find_spec("torch"))
@@ -29,7 +29,8 @@ LAYER1 = "model.layers.1."
 @pytest.fixture
 async def engine() -> AsyncIterator[Any]:
     require(HAVE, "transformers and torch (rollfleet[hf])")
-    from rollfleet.engines.hf import HFEngine, tiny_hf_model
+    from rollfleet.engines.hf.engine import HFEngine
+    from rollfleet.engines.tiny import tiny_hf_model
 
     eng = HFEngine(*tiny_hf_model(seed=0), max_batch=4)
     await eng.start()
@@ -38,7 +39,7 @@ async def engine() -> AsyncIterator[Any]:
 
 
 def state(seed: int) -> dict[str, Any]:
-    from rollfleet.engines.hf import tiny_hf_model
+    from rollfleet.engines.tiny import tiny_hf_model
 
     return dict(tiny_hf_model(seed=seed)[0].state_dict())
 
@@ -58,7 +59,8 @@ async def greedy(engine: Any, prompt: str = "hello there") -> list[int]:
 
 async def fresh_greedy(weights: dict[str, Any], prompt: str = "hello there") -> list[int]:
     """What an engine started on ``weights`` generates."""
-    from rollfleet.engines.hf import HFEngine, tiny_hf_model
+    from rollfleet.engines.hf.engine import HFEngine
+    from rollfleet.engines.tiny import tiny_hf_model
 
     model, tokenizer = tiny_hf_model(seed=0)
     model.load_state_dict(weights)
@@ -122,8 +124,9 @@ async def test_a_refused_update_changes_neither_model(engine) -> None:
 
 async def test_tied_weights_stay_tied_in_both_copies() -> None:
     require(HAVE, "transformers and torch (rollfleet[hf])")
-    from rollfleet.engines.hf import HFEngine, tiny_hf_model
-    from rollfleet.engines.weights import untied
+    from rollfleet.engines.hf.engine import HFEngine
+    from rollfleet.engines.tiny import tiny_hf_model
+    from rollfleet.engines.weights.push import untied
 
     def tied(seed: int) -> tuple[Any, Any]:
         model, tokenizer = tiny_hf_model(seed=seed)
@@ -167,7 +170,8 @@ async def test_running_generations_go_on_under_the_swapped_in_model(engine) -> N
     assert (start, v0, v1) == (0, 0, 3) and 5 <= cut < 60 and len(result.completion_token_ids) == 60
     prompt = result.prompt_token_ids + result.completion_token_ids[:cut]
     rest = SamplingParams(max_tokens=60 - cut, temperature=0, ignore_eos=True)
-    from rollfleet.engines.hf import HFEngine, tiny_hf_model
+    from rollfleet.engines.hf.engine import HFEngine
+    from rollfleet.engines.tiny import tiny_hf_model
 
     fresh = HFEngine(*tiny_hf_model(seed=1))
     await fresh.start()
@@ -180,7 +184,8 @@ async def test_running_generations_go_on_under_the_swapped_in_model(engine) -> N
 
 async def test_in_place_updates_keep_one_copy() -> None:
     require(HAVE, "transformers and torch (rollfleet[hf])")
-    from rollfleet.engines.hf import HFEngine, tiny_hf_model
+    from rollfleet.engines.hf.engine import HFEngine
+    from rollfleet.engines.tiny import tiny_hf_model
 
     engine = HFEngine(*tiny_hf_model(seed=0), double_buffer=False)
     await engine.start()

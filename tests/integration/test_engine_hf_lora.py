@@ -64,7 +64,7 @@ async def answers(engine: Any) -> list[list[int]]:
 
 async def served_by(model: Any, device: str = "cpu") -> list[list[int]]:
     """Greedy tokens of a fresh engine serving ``model``."""
-    from rollfleet.engines.hf import HFEngine
+    from rollfleet.engines.hf.engine import HFEngine
     from rollfleet.engines.tiny import tiny_tokenizer
 
     engine = HFEngine(model, tiny_tokenizer(), max_batch=4, device=device)
@@ -76,9 +76,9 @@ async def served_by(model: Any, device: str = "cpu") -> list[list[int]]:
 
 
 async def test_engine_hf_lora_adapters_serve_what_merged_weights_serve() -> None:
-    from rollfleet.engines.hf import HFEngine
-    from rollfleet.engines.lora import peft_adapter
+    from rollfleet.engines.hf.engine import HFEngine
     from rollfleet.engines.tiny import tiny_hf_model, tiny_tokenizer
+    from rollfleet.engines.weights.lora import peft_adapter
 
     first, second = lora_model(1), lora_model(2)
     engine = HFEngine(tiny_hf_model(seed=0)[0], tiny_tokenizer(), max_batch=4)
@@ -92,7 +92,7 @@ async def test_engine_hf_lora_adapters_serve_what_merged_weights_serve() -> None
         assert await engine.update_weights(peft_adapter(second), version=2) == 2  # type: ignore[arg-type]
         assert await answers(engine) == await served_by(merged(second))
         only_q = [(n, t) for n, t in peft_adapter(first) if "q_proj" in n]  # type: ignore[union-attr]
-        from rollfleet.engines.lora import LoraAdapter
+        from rollfleet.engines.weights.lora import LoraAdapter
 
         await engine.update_weights(LoraAdapter(only_q, adapter.alpha), version=3)
         reference = merged(first)  # q adapted, v back to the base weights
@@ -105,9 +105,9 @@ async def test_engine_hf_lora_adapters_serve_what_merged_weights_serve() -> None
 
 
 async def test_engine_hf_lora_a_bad_adapter_changes_nothing() -> None:
-    from rollfleet.engines.hf import HFEngine
-    from rollfleet.engines.lora import LoraAdapter, peft_adapter
+    from rollfleet.engines.hf.engine import HFEngine
     from rollfleet.engines.tiny import tiny_hf_model, tiny_tokenizer
+    from rollfleet.engines.weights.lora import LoraAdapter, peft_adapter
 
     adapter = peft_adapter(lora_model(1))
     assert adapter is not None
@@ -141,9 +141,9 @@ async def test_engine_hf_lora_cuda_adapter_serves_what_merged_weights_serve_on_c
 
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    from rollfleet.engines.hf import HFEngine
-    from rollfleet.engines.lora import peft_adapter
+    from rollfleet.engines.hf.engine import HFEngine
     from rollfleet.engines.tiny import tiny_hf_model, tiny_tokenizer
+    from rollfleet.engines.weights.lora import peft_adapter
 
     wrapped = lora_model(1)
     engine = HFEngine(tiny_hf_model(seed=0)[0], tiny_tokenizer(), max_batch=4, device="cuda")

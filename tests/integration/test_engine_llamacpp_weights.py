@@ -38,7 +38,7 @@ def state() -> dict[str, Any]:
     require(HAVE, " and ".join(NEEDS))
     from transformers import AutoModelForCausalLM
 
-    from rollfleet.engines.llamacpp_model import bundled_gguf
+    from rollfleet.engines.llamacpp.model import bundled_gguf
 
     path = bundled_gguf()
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
@@ -54,7 +54,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def make_engine(cache: Path, path: Path | None = None, **kwargs: Any) -> Any:
-    from rollfleet.engines.llamacpp import LlamaCppEngine
+    from rollfleet.engines.llamacpp.engine import LlamaCppEngine
 
     # prefix_cache off: a prompt partly served from the cache may differ in the last bits
     return LlamaCppEngine(
@@ -103,7 +103,7 @@ async def test_unchanged_weights_as_f16_are_the_same_model(state, cache) -> None
     before the swap, 2 of these 4 answers keep 11-12 leading tokens, "Name a colour." parts at
     token 2, and "the capital of France?" at token 0 (top two 0.147 and 0.133 in the Q4_1 file,
     0.141 and 0.150 in f16). So: the distributions, and half the answers' first 8 tokens."""
-    from rollfleet.engines.llamacpp_model import bundled_gguf
+    from rollfleet.engines.llamacpp.model import bundled_gguf
 
     engine = make_engine(cache)
     await engine.start()
@@ -209,8 +209,8 @@ async def test_bad_updates_change_nothing(state, cache) -> None:
 @pytest.fixture(scope="module")
 def new_gguf(state, cache) -> Path:
     """The perturbed weights written once as a GGUF (a path update swaps with no export)."""
-    from rollfleet.engines.gguf_export import export_gguf
-    from rollfleet.engines.llamacpp_model import bundled_gguf
+    from rollfleet.engines.llamacpp.model import bundled_gguf
+    from rollfleet.engines.weights.gguf_export import export_gguf
 
     return export_gguf(bundled_gguf(), perturbed(state).items(), cache / "fixed", "f16").path
 

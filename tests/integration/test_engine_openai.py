@@ -11,9 +11,9 @@ import asyncio
 import pytest
 
 from rollfleet.engines.base import FinishReason, Generation, GenerationRequest, SamplingParams
-from rollfleet.engines.gateway import Gateway
-from rollfleet.engines.gateway_app import running_gateway
-from rollfleet.engines.openai_engine import OpenAIEngine
+from rollfleet.engines.gateway.app import running_gateway
+from rollfleet.engines.gateway.gateway import Gateway
+from rollfleet.engines.served.openai import OpenAIEngine
 from rollfleet.errors import EngineError
 
 pytestmark = pytest.mark.llamacpp

@@ -8,7 +8,7 @@ import sys
 import pytest
 from support import free_port
 
-from rollfleet.engines.process import ServerProcess
+from rollfleet.engines.served.process import ServerProcess
 from rollfleet.errors import EngineError
 
 

@@ -15,8 +15,8 @@ import pytest
 from support import free_port
 
 from rollfleet.engines.base import FinishReason, GenerationRequest, SamplingParams
-from rollfleet.engines.sglang import SGLangEngine
-from rollfleet.engines.vllm import VLLMEngine
+from rollfleet.engines.served.sglang import SGLangEngine
+from rollfleet.engines.served.vllm import VLLMEngine
 from rollfleet.errors import EngineError
 
 ENGINES = {"vllm": VLLMEngine, "sglang": SGLangEngine}

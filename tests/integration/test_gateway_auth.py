@@ -9,8 +9,8 @@ from __future__ import annotations
 import httpx
 
 from rollfleet.engines.echo import EchoEngine
-from rollfleet.engines.gateway import Gateway
-from rollfleet.engines.gateway_app import running_gateway
+from rollfleet.engines.gateway.app import running_gateway
+from rollfleet.engines.gateway.gateway import Gateway
 
 BODY = {"model": "echo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 

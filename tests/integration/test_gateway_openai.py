@@ -12,9 +12,9 @@ import httpx
 import pytest
 from support import require
 
-from rollfleet.engines.client import llm_client
-from rollfleet.engines.gateway import Gateway
-from rollfleet.engines.gateway_app import running_gateway
+from rollfleet.engines.gateway.app import running_gateway
+from rollfleet.engines.gateway.client import llm_client
+from rollfleet.engines.gateway.gateway import Gateway
 from rollfleet.model import StepIn
 
 pytestmark = pytest.mark.llamacpp
@@ -50,7 +50,7 @@ async def test_gateway_openai_lists_models(served) -> None:
 async def test_gateway_openai_clients_share_one_pool_that_outlives_them(served) -> None:
     """Each rollout's client rides the runner's pool: one closing its client (``async with``)
     leaves the pool open for the next, and both calls are recorded under their own ids."""
-    from rollfleet.engines.client import SharedPool
+    from rollfleet.engines.gateway.client import SharedPool
 
     url, recorded, _ = served
     pool = SharedPool()
@@ -186,7 +186,8 @@ async def test_gateway_openai_token_is_enforced(llama) -> None:
 
 async def test_gateway_openai_serves_the_hf_engine() -> None:
     require(bool(importlib.util.find_spec("transformers")), "transformers (rollfleet[hf])")
-    from rollfleet.engines.hf import HFEngine, tiny_hf_model
+    from rollfleet.engines.hf.engine import HFEngine
+    from rollfleet.engines.tiny import tiny_hf_model
 
     engine = HFEngine(*tiny_hf_model())
     await engine.start()

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from rollfleet.engines.client import llm_client
-from rollfleet.engines.gateway import Gateway
-from rollfleet.engines.gateway_app import running_gateway
+from rollfleet.engines.gateway.app import running_gateway
+from rollfleet.engines.gateway.client import llm_client
+from rollfleet.engines.gateway.gateway import Gateway
 from rollfleet.model import StepIn
 
 pytestmark = pytest.mark.llamacpp

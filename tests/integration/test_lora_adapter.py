@@ -61,7 +61,7 @@ async def greedy(engine: Any) -> list[list[int]]:
 
 @pytest.fixture
 async def engine() -> AsyncIterator[Any]:
-    from rollfleet.engines.llamacpp import LlamaCppEngine
+    from rollfleet.engines.llamacpp.engine import LlamaCppEngine
 
     started = LlamaCppEngine(slots=2)
     await started.start()
@@ -70,11 +70,11 @@ async def engine() -> AsyncIterator[Any]:
 
 
 async def test_an_adapter_serves_what_the_merged_weights_serve(policy: Any, engine: Any) -> None:
-    from rollfleet.engines.gateway import Gateway
-    from rollfleet.engines.gateway_app import running_gateway
-    from rollfleet.engines.llamacpp import LlamaCppEngine
-    from rollfleet.engines.lora import peft_adapter
-    from rollfleet.engines.weights import push_weights
+    from rollfleet.engines.gateway.app import running_gateway
+    from rollfleet.engines.gateway.gateway import Gateway
+    from rollfleet.engines.llamacpp.engine import LlamaCppEngine
+    from rollfleet.engines.weights.lora import peft_adapter
+    from rollfleet.engines.weights.push import push_weights
     from rollfleet.train.policy import push_tensors
 
     base = await greedy(engine)
@@ -106,11 +106,11 @@ async def test_an_adapter_serves_what_the_merged_weights_serve(policy: Any, engi
 async def test_a_bad_adapter_is_refused_naming_it_and_changes_nothing(
     policy: Any, engine: Any
 ) -> None:
-    from rollfleet.engines.gateway import Gateway
-    from rollfleet.engines.gateway_app import running_gateway
-    from rollfleet.engines.lora import peft_adapter
-    from rollfleet.engines.weights import push_weights, weights_url
-    from rollfleet.engines.weights_wire import LORA_HEADER, encode
+    from rollfleet.engines.gateway.app import running_gateway
+    from rollfleet.engines.gateway.gateway import Gateway
+    from rollfleet.engines.weights.lora import peft_adapter
+    from rollfleet.engines.weights.push import push_weights, weights_url
+    from rollfleet.engines.weights.wire import LORA_HEADER, encode
 
     adapter = peft_adapter(policy)
     assert adapter is not None
@@ -160,9 +160,9 @@ async def test_a_bad_adapter_is_refused_naming_it_and_changes_nothing(
 async def test_an_engine_serving_pushed_weights_refuses_an_adapter(
     policy: Any, engine: Any
 ) -> None:
-    from rollfleet.engines.gateway import Gateway
-    from rollfleet.engines.lora import peft_adapter
-    from rollfleet.engines.weights import push_weights
+    from rollfleet.engines.gateway.gateway import Gateway
+    from rollfleet.engines.weights.lora import peft_adapter
+    from rollfleet.engines.weights.push import push_weights
     from rollfleet.train.policy import push_tensors
 
     tensors, _ = push_tensors(policy)
@@ -179,7 +179,7 @@ async def test_an_engine_serving_pushed_weights_refuses_an_adapter(
 async def test_a_step_that_changed_nothing_sends_no_tensor(policy: Any, engine: Any) -> None:
     """``publish(changed=False)``: the engine serves the same weights under the new version
     (the tokens it makes say so), and nothing is written or loaded."""
-    from rollfleet.engines.gateway import Gateway
+    from rollfleet.engines.gateway.gateway import Gateway
     from rollfleet.train.policy import publish
 
     class Coordinator:

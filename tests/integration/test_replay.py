@@ -89,9 +89,18 @@ def cli(*args: Any, timeout: float = 120) -> subprocess.CompletedProcess[str]:
 
 def run(data: Path, out: Path, *extra: Any) -> None:
     done = cli(
-        "run", "--data", data, "--max-tokens", "24", "--temperature", "0", "--output-dir", out,
-        *extra, timeout=280,
-    )  # fmt: skip
+        "run",
+        "--data",
+        data,
+        "--max-tokens",
+        "24",
+        "--temperature",
+        "0",
+        "--output-dir",
+        out,
+        *extra,
+        timeout=280,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -190,8 +199,18 @@ def test_every_rollout_of_a_run_reproduces(lookup_run: Path) -> None:
         # every recorded call: its messages, then its token ids, checked and named
         for i, call in enumerate(calls, start=1):
             rid = call.payload["request_id"]
-            [asked] = [line for line in out if line.startswith(f"ok  call {i}/{n} ") and rid in line and "messages as recorded" in line]  # fmt: skip
-            [tokens] = [line for line in out if line.startswith(f"ok  call {i}/{n} ") and "token ids byte-identical" in line]  # fmt: skip
+            [asked] = [
+                line
+                for line in out
+                if line.startswith(f"ok  call {i}/{n} ")
+                and rid in line
+                and "messages as recorded" in line
+            ]
+            [tokens] = [
+                line
+                for line in out
+                if line.startswith(f"ok  call {i}/{n} ") and "token ids byte-identical" in line
+            ]
             assert f"prompt {len(call.payload['prompt_token_ids'])} " in tokens
             assert f"completion {len(call.payload['completion_token_ids'])} " in tokens
             assert out.index(asked) < out.index(tokens)
@@ -200,7 +219,7 @@ def test_every_rollout_of_a_run_reproduces(lookup_run: Path) -> None:
         # every recorded observation
         for result in results:
             p = result.payload
-            where = f"ok  turn {p['turn']} tool call {p['index']} ({p['tool']}): observation as recorded: {p['observation']!r}"  # fmt: skip
+            where = f"ok  turn {p['turn']} tool call {p['index']} ({p['tool']}): observation as recorded: {p['observation']!r}"
             assert where in out, done.stdout
         [reward] = [s.payload["reward"] for s in steps if s.kind == "reward"]
         assert f"ok  reward: the rollout's reward {reward} as recorded" in out
@@ -345,7 +364,10 @@ def test_a_store_that_does_not_answer_exits_2(tmp_path: Path) -> None:
     error = one_line_error(cli("replay", "r-1", "--store", f"http://127.0.0.1:{free_port()}"))
     assert error.startswith("rollfleet: cannot reach the rollfleet server at http://127.0.0.1:")
     error = one_line_error(cli("replay", "r-1", "--output-dir", tmp_path))
-    assert error == f"rollfleet: no {tmp_path / 'store.db'}: --output-dir names the directory of a rollfleet run\n"  # fmt: skip
+    assert (
+        error
+        == f"rollfleet: no {tmp_path / 'store.db'}: --output-dir names the directory of a rollfleet run\n"
+    )
     (tmp_path / "store.db").write_text("not a database")
     error = one_line_error(cli("replay", "r-1", "--output-dir", tmp_path))
     assert error.startswith("rollfleet: ") and "store.db" in error

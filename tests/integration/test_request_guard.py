@@ -24,8 +24,8 @@ from support import free_port
 
 from rollfleet.compose import control_plane_parts
 from rollfleet.engines.echo import EchoEngine
-from rollfleet.engines.gateway import Gateway
-from rollfleet.engines.gateway_app import running_gateway
+from rollfleet.engines.gateway.app import running_gateway
+from rollfleet.engines.gateway.gateway import Gateway
 from rollfleet.pool.leases import PoolRegistry
 from rollfleet.pool.pool import Pool
 from rollfleet.pool.providers.memory import MemoryProvider

@@ -23,7 +23,7 @@ from support import require
 from rollfleet.client import HttpStore
 from rollfleet.compose import EngineOptions, control_plane_parts
 from rollfleet.coordinator import CoordinatorClient
-from rollfleet.engines.client import llm_client
+from rollfleet.engines.gateway.client import llm_client
 from rollfleet.model import AttemptStatus, Rollout, RolloutResult, RolloutStatus
 from rollfleet.server.embedded import ServerThread
 

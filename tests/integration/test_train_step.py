@@ -42,7 +42,7 @@ async def test_one_step_changes_the_weights_and_the_engine_serves_them(tmp_path:
     require(all(importlib.util.find_spec(m) for m in NEEDS), " and ".join(NEEDS))
     import torch
 
-    from rollfleet.engines.llamacpp import LlamaCppEngine
+    from rollfleet.engines.llamacpp.engine import LlamaCppEngine
     from rollfleet.train.policy import grpo_step, load_policy
 
     model, _ = load_policy()

@@ -67,7 +67,7 @@ def first_ratio(model: Any, rows: list[Experience]) -> float:
 
 async def test_on_policy_rows_sampled_at_temperature_half_have_ratio_one() -> None:
     require(HAVE, "transformers and torch (rollfleet[hf])")
-    from rollfleet.engines.hf import HFEngine
+    from rollfleet.engines.hf.engine import HFEngine
 
     model, tokenizer = tiny_sharp()
     weights = copy.deepcopy(model)  # the trainer's copy, before the engine owns the model

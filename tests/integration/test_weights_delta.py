@@ -18,17 +18,10 @@ import numpy as np
 import pytest
 from support import greedy, require
 
-from rollfleet.engines.gateway import Gateway
-from rollfleet.engines.weights import (
-    BASE_HEADER,
-    DELTA_HEADER,
-    WeightsDelta,
-    changed,
-    encode,
-    push_weights,
-    snapshot,
-    weights_url,
-)
+from rollfleet.engines.base import WeightsDelta
+from rollfleet.engines.gateway.gateway import Gateway
+from rollfleet.engines.weights.push import changed, push_weights, snapshot, weights_url
+from rollfleet.engines.weights.wire import BASE_HEADER, DELTA_HEADER, encode
 from rollfleet.errors import Conflict, InvalidInput
 
 HAVE = bool(importlib.util.find_spec("transformers") and importlib.util.find_spec("torch"))
@@ -37,7 +30,7 @@ LAYER1 = "model.layers.1."
 
 
 def state(seed: int) -> dict[str, Any]:
-    from rollfleet.engines.hf import tiny_hf_model
+    from rollfleet.engines.tiny import tiny_hf_model
 
     return dict(tiny_hf_model(seed=seed)[0].state_dict())
 
@@ -52,7 +45,8 @@ async def test_a_delta_changes_just_the_sent_tensors_and_answers_as_the_merged_m
 ) -> None:
     """Layer 1 of another model and a new final norm over seed 0's weights: the engine holds
     exactly the merge, and generates what a fresh engine loaded with the merge generates."""
-    from rollfleet.engines.hf import HFEngine, tiny_hf_model
+    from rollfleet.engines.hf.engine import HFEngine
+    from rollfleet.engines.tiny import tiny_hf_model
 
     url, gateway, engine = hf_served
     before, old = await greedy(engine), served_state(engine)
@@ -60,11 +54,21 @@ async def test_a_delta_changes_just_the_sent_tensors_and_answers_as_the_merged_m
     merged["model.norm.weight"] = old["model.norm.weight"] + 0.5
     delta = list(changed(snapshot(old.items()), merged.items()))
     # layer 1's norms are ones in both models: the same bytes, not sent
-    assert [n for n, _ in delta] == [f"{LAYER1}{part}.weight" for part in (
-        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")] + ["model.norm.weight"]  # fmt: skip
-    answer = await push_weights(url, delta, version=1, token="s3cret", transport=transport,
-                                delta=True, base=0)  # fmt: skip
+    assert [n for n, _ in delta] == [
+        f"{LAYER1}{part}.weight"
+        for part in (
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+        )
+    ] + ["model.norm.weight"]
+    answer = await push_weights(
+        url, delta, version=1, token="s3cret", transport=transport, delta=True, base=0
+    )
     assert answer["version"] == 1 and answer["base"] == 0 and answer["tensors"] == 8
     assert engine.version == gateway.weights_version == 1
     now = served_state(engine)
@@ -90,9 +94,16 @@ async def test_a_delta_on_another_base_is_409_and_changes_nothing(hf_served) -> 
     with pytest.raises(Conflict, match="computed against version 0, but hf-0 serves 1"):
         await push_weights(gateway, layer, version=2, delta=True, base=0)  # in process
     async with httpx.AsyncClient() as client:  # the raw route: refused before the body is read
-        reply = await client.put(weights_url(url, 2), content=b"".join(map(bytes, encode(layer))),
-                                 headers={**AUTH, "content-type": "application/octet-stream",
-                                          DELTA_HEADER: "1", BASE_HEADER: "7"})  # fmt: skip
+        reply = await client.put(
+            weights_url(url, 2),
+            content=b"".join(map(bytes, encode(layer))),
+            headers={
+                **AUTH,
+                "content-type": "application/octet-stream",
+                DELTA_HEADER: "1",
+                BASE_HEADER: "7",
+            },
+        )
     assert reply.status_code == 409 and "version 7" in reply.json()["error"]["message"]
     assert engine.version == 1 and await greedy(engine) == before
     assert all(t.equal(old[n]) for n, t in served_state(engine).items())
@@ -102,7 +113,8 @@ async def test_a_delta_on_another_base_is_409_and_changes_nothing(hf_served) -> 
 
 async def test_every_replica_must_serve_the_base(hf_served) -> None:
     """Replicas that disagree (one was updated on its own) take no delta: none of them changes."""
-    from rollfleet.engines.hf import HFEngine, tiny_hf_model
+    from rollfleet.engines.hf.engine import HFEngine
+    from rollfleet.engines.tiny import tiny_hf_model
 
     _, gateway, engine = hf_served
     second = HFEngine(*tiny_hf_model(seed=0))
@@ -140,8 +152,14 @@ async def test_an_unknown_or_misshaped_tensor_in_a_delta_is_422_and_changes_noth
     before, old = await greedy(engine), served_state(engine)
     layer = [(n, t) for n, t in state(1).items() if n.startswith(LAYER1)]  # valid, sent first
     with pytest.raises(InvalidInput, match="unknown tensor 'nope'"):
-        await push_weights(url, [*layer, ("nope", layer[0][1].clone())], version=1,
-                           token="s3cret", delta=True, base=0)  # fmt: skip
+        await push_weights(
+            url,
+            [*layer, ("nope", layer[0][1].clone())],
+            version=1,
+            token="s3cret",
+            delta=True,
+            base=0,
+        )
     bad = [*layer, ("model.norm.weight", layer[0][1][:1].clone())]
     with pytest.raises(InvalidInput, match="'model.norm.weight' has shape"):
         await push_weights(url, bad, version=1, token="s3cret", delta=True, base=0)
@@ -177,8 +195,12 @@ def test_changed_compares_bytes_dtype_and_shape_and_shares_tied_copies() -> None
     import torch
 
     embed = torch.zeros(4, 3)
-    live = {"embed": embed, "head": embed, "norm": torch.tensor([0.0, float("nan")]),
-            "w": torch.ones(2, 2)}  # fmt: skip
+    live = {
+        "embed": embed,
+        "head": embed,
+        "norm": torch.tensor([0.0, float("nan")]),
+        "w": torch.ones(2, 2),
+    }
     previous = snapshot(live.items())
     assert previous["embed"] is previous["head"] and previous["embed"] is not embed
     assert list(changed(previous, live.items())) == []  # NaN has the same bytes: unchanged
@@ -213,8 +235,8 @@ def gguf_state() -> tuple[Path, dict[str, Any]]:
     require(all(importlib.util.find_spec(n) for n in NEEDS), " and ".join(NEEDS))
     import gguf
 
-    from rollfleet.engines.gguf_export import _hf_names, read_base, read_tensors
-    from rollfleet.engines.llamacpp_model import bundled_gguf
+    from rollfleet.engines.llamacpp.model import bundled_gguf
+    from rollfleet.engines.weights.gguf_export import _hf_names, read_base, read_tensors
 
     path = bundled_gguf()
     base, stored = read_base(path), read_tensors(path)
@@ -232,8 +254,9 @@ def gguf_state() -> tuple[Path, dict[str, Any]]:
 
 def noisy(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
     rng = np.random.default_rng(5)
-    return {n: (state[n] + 0.02 * rng.standard_normal(state[n].shape)).astype(np.float32)
-            for n in names}  # fmt: skip
+    return {
+        n: (state[n] + 0.02 * rng.standard_normal(state[n].shape)).astype(np.float32) for n in names
+    }
 
 
 @pytest.mark.llamacpp
@@ -241,7 +264,7 @@ def noisy(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
 def test_a_gguf_from_a_delta_equals_a_full_export_of_the_merged_weights(cache, out_type) -> None:
     """From the Q4_1 original (the tensors not sent are decoded and written as the export's
     type) and from that export (taken as they are): byte for byte a full export of the merge."""
-    from rollfleet.engines.gguf_export import export_gguf, read_tensors
+    from rollfleet.engines.weights.gguf_export import export_gguf, read_tensors
 
     path, full = gguf_state()
     first = noisy(
@@ -270,7 +293,7 @@ async def answers(engine: Any) -> list[list[int]]:
 @pytest.mark.llamacpp
 async def test_llamacpp_takes_a_delta_through_the_gateway(cache) -> None:
     """A delta becomes a new GGUF served at once; one on another base is refused before export."""
-    from rollfleet.engines.llamacpp import LlamaCppEngine
+    from rollfleet.engines.llamacpp.engine import LlamaCppEngine
 
     path, full = gguf_state()
     engine = LlamaCppEngine(None, slots=2, ctx_per_seq=256, prefix_cache=False, cache_dir=cache)

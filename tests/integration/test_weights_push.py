@@ -17,12 +17,13 @@ import pytest
 from support import greedy
 
 from rollfleet.engines.base import GenerationRequest, SamplingParams
-from rollfleet.engines.weights import encode, push_weights, weights_url
+from rollfleet.engines.weights.push import push_weights, weights_url
+from rollfleet.engines.weights.wire import encode
 from rollfleet.errors import Conflict, InvalidInput
 
 
 def state(seed: int) -> list[tuple[str, Any]]:
-    from rollfleet.engines.hf import tiny_hf_model
+    from rollfleet.engines.tiny import tiny_hf_model
 
     return list(tiny_hf_model(seed=seed)[0].state_dict().items())
 
@@ -32,7 +33,8 @@ async def test_a_push_during_generation_fails_none_and_matches_a_fresh_engine(
     hf_served, transport
 ) -> None:
     """Over the wire (the body streams) and on this host (a sealed memfd, its path is sent)."""
-    from rollfleet.engines.hf import HFEngine, tiny_hf_model
+    from rollfleet.engines.hf.engine import HFEngine
+    from rollfleet.engines.tiny import tiny_hf_model
 
     url, gateway, engine = hf_served
     before = await greedy(engine)
@@ -117,8 +119,9 @@ async def test_a_trainer_killed_mid_push_leaves_the_old_weights_and_the_next_pus
     before = await greedy(engine)
     trainer = textwrap.dedent(f"""
         import sys, threading, httpx
-        from rollfleet.engines.hf import tiny_hf_model
-        from rollfleet.engines.weights import encode, weights_url
+        from rollfleet.engines.tiny import tiny_hf_model
+        from rollfleet.engines.weights.push import weights_url
+        from rollfleet.engines.weights.wire import encode
         parts = list(encode(tiny_hf_model(seed=1)[0].state_dict().items(), bucket_bytes=1 << 16))
         def body():
             for i, part in enumerate(parts):
@@ -164,7 +167,7 @@ async def test_a_path_that_is_not_a_sealed_memfd_of_the_servers_user_is_refused_
     of the server's user sealed against shrinking and writing is read. A file in the push
     directory (what a push used to be) is refused by name like any other path, and nothing
     changes."""
-    from rollfleet.engines.weights import FILE_HEADER, memfd_path, push_dir, write_push_memfd
+    from rollfleet.engines.weights.wire import FILE_HEADER, memfd_path, push_dir, write_push_memfd
 
     url, _, engine = hf_served
     fd = write_push_memfd(state(1), 1 << 20)
@@ -203,7 +206,7 @@ async def test_a_push_memfd_round_trips_and_a_flipped_byte_in_it_is_422_naming_t
 ) -> None:
     """The memfd is written a chunk at a time with each header after its payload: it decodes to
     the tensors sent, and a byte changed in it is caught, before anything is applied."""
-    from rollfleet.engines.weights import (
+    from rollfleet.engines.weights.wire import (
         FILE_HEADER,
         decode,
         mapped_push_memfd,

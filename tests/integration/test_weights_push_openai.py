@@ -9,10 +9,11 @@ import httpx
 import pytest
 from support import require
 
-from rollfleet.engines.gateway import Gateway
-from rollfleet.engines.gateway_app import running_gateway
-from rollfleet.engines.openai_engine import OpenAIEngine
-from rollfleet.engines.weights import encode, push_weights, weights_url
+from rollfleet.engines.gateway.app import running_gateway
+from rollfleet.engines.gateway.gateway import Gateway
+from rollfleet.engines.served.openai import OpenAIEngine
+from rollfleet.engines.weights.push import push_weights, weights_url
+from rollfleet.engines.weights.wire import encode
 from rollfleet.errors import InvalidInput
 
 REFUSAL = "remote-0: openai: a generic OpenAI server cannot load weights"

@@ -20,7 +20,7 @@ from support import require
 
 from rollfleet.client import HttpStore
 from rollfleet.compose import EngineOptions, control_plane_parts
-from rollfleet.engines.client import llm_client
+from rollfleet.engines.gateway.client import llm_client
 from rollfleet.errors import Forbidden, Unauthorized
 from rollfleet.model import Rollout, StepIn
 from rollfleet.runner.child import llm_factory
@@ -97,7 +97,7 @@ def _llama_available() -> bool:
 
     if importlib.util.find_spec("llama_cpp") is None:
         return False
-    from rollfleet.engines.llamacpp_model import bundled_gguf
+    from rollfleet.engines.llamacpp.model import bundled_gguf
 
     return bundled_gguf().exists()
 

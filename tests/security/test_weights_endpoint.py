@@ -19,15 +19,15 @@ import httpx
 import pytest
 from support import eventually, greedy, require
 
-from rollfleet.engines.hf import HFEngine, tiny_hf_model
-from rollfleet.engines.weights import (
+from rollfleet.engines.hf.engine import HFEngine
+from rollfleet.engines.tiny import tiny_hf_model
+from rollfleet.engines.weights.push import push_weights, weights_url
+from rollfleet.engines.weights.wire import (
     FILE_HEADER,
     JUMP_HEADER,
     MAGIC,
     encode,
     memfd_path,
-    push_weights,
-    weights_url,
     write_push_memfd,
 )
 from rollfleet.errors import EngineError, InvalidInput
@@ -99,8 +99,8 @@ async def held_served() -> AsyncIterator[tuple[str, Any, HeldEngine]]:
         bool(importlib.util.find_spec("transformers") and importlib.util.find_spec("torch")),
         "transformers and torch (rollfleet[hf])",
     )
-    from rollfleet.engines.gateway import Gateway
-    from rollfleet.engines.gateway_app import running_gateway
+    from rollfleet.engines.gateway.app import running_gateway
+    from rollfleet.engines.gateway.gateway import Gateway
 
     engine = HeldEngine(*tiny_hf_model(seed=0), max_batch=8)
     await engine.start()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rollfleet.engines.buckets import (
+from rollfleet.engines.weights.buckets import (
     bucket_tensors,
     flatten_bucket,
     tensor_nbytes,

@@ -9,7 +9,7 @@ import pytest
 
 from rollfleet.engines.base import FinishReason, Generation, GenerationRequest, SamplingParams
 from rollfleet.engines.echo import EchoEngine
-from rollfleet.engines.gateway import Gateway, Router
+from rollfleet.engines.gateway.gateway import Gateway, Router
 from rollfleet.errors import EngineError, NotFound
 from rollfleet.model import StepIn
 

@@ -1,4 +1,4 @@
-"""Trainer tensors to GGUF (rollfleet.engines.gguf_export) on a tiny Llama made here: names,
+"""Trainer tensors to GGUF (rollfleet.engines.weights.gguf_export) on a tiny Llama made here: names,
 the rotary permutation, every kind of bad update, and a file written and read back."""
 
 from __future__ import annotations
@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 from support import require
 
-from rollfleet.engines.gguf_export import BaseGGUF, convert, export_gguf, gguf_name, permute_rotary
+from rollfleet.engines.weights.gguf_export import (
+    BaseGGUF,
+    convert,
+    export_gguf,
+    gguf_name,
+    permute_rotary,
+)
 from rollfleet.errors import EngineError
 
 HAVE_GGUF = importlib.util.find_spec("gguf") is not None
@@ -314,7 +320,7 @@ def test_export_gguf_writes_nothing_for_a_bad_update(tmp_path: Path) -> None:
 
 
 def test_an_unknown_export_type_is_refused_when_the_engine_is_made() -> None:
-    from rollfleet.engines.llamacpp import LlamaCppEngine  # llama_cpp is imported at start
+    from rollfleet.engines.llamacpp.engine import LlamaCppEngine  # llama_cpp is imported at start
 
     with pytest.raises(EngineError, match="export type 'bf16' is not one of f16, q8_0"):
         LlamaCppEngine("unused.gguf", export_type="bf16")

@@ -1,5 +1,5 @@
 """A call asked again by a later attempt is answered with the tokens already generated
-(rollfleet.engines.repeats), with the shipped echo engine: the replica's ``served`` counts what
+(rollfleet.engines.gateway.repeats), with the shipped echo engine: the replica's ``served`` counts what
 the engine generated."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import random
 
 from rollfleet.engines.base import Generation, GenerationRequest, SamplingParams
 from rollfleet.engines.echo import EchoEngine
-from rollfleet.engines.gateway import Gateway
+from rollfleet.engines.gateway.gateway import Gateway
 from rollfleet.errors import Conflict
 from rollfleet.model import StepIn
 

@@ -12,7 +12,7 @@ from rollfleet.engines.base import (
     SamplingParams,
     message_text,
 )
-from rollfleet.engines.llamacpp_model import ChatTemplate, TextDecoder, find_stop, sample
+from rollfleet.engines.llamacpp.model import ChatTemplate, TextDecoder, find_stop, sample
 from rollfleet.errors import EngineError
 
 

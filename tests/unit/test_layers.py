@@ -3,13 +3,13 @@
 Both checks read the source with ``ast`` and count every import, at module level and inside
 functions alike (a lazy import that points up is still a dependency on a higher layer). The layer
 check counts type-only imports too; the cycle check leaves them out, since they never run. The
-layer order is docs/architecture.md's.
+layer order is docs/architecture.md's, and so is the order of the parts inside ``engines``.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import rollfleet
@@ -33,6 +33,20 @@ LAYERS: list[set[str]] = [
 ]
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
 
+# Inside engines, lowest first, by the longest listed prefix of a module's name there: the modules
+# at its top (the protocol, and what engines and the gateway share), the weights pieces engines
+# use, the engines, the gateway, the trainer's push (it takes a Gateway in this process), then the
+# builders and the package itself.
+ENGINE_LAYERS: list[set[str]] = [
+    {"base", "images", "tool_calls", "continuation", "threaded", "echo", "tiny"},
+    {"weights"},
+    {"llamacpp", "hf", "served"},
+    {"gateway"},
+    {"weights.push"},
+    {"factory", "__init__"},
+]
+ENGINE_RANK = {piece: rank for rank, pieces in enumerate(ENGINE_LAYERS) for piece in pieces}
+
 
 def module_name(path: Path) -> str:
     """``rollfleet.store.ops`` for ``…/rollfleet/store/ops.py``."""
@@ -47,6 +61,22 @@ def part_of(module: str) -> str:
     """The top-level part a module belongs to: ``store`` for ``rollfleet.store.ops``."""
     pieces = module.split(".")
     return pieces[1] if len(pieces) > 1 else "__init__"
+
+
+def engine_piece(module: str) -> str:
+    """The ENGINE_LAYERS entry of a module in ``engines``: ``weights`` for
+    ``rollfleet.engines.weights.wire``, ``weights.push`` for ``rollfleet.engines.weights.push``,
+    ``__init__`` for the package itself (an unlisted module: its first name there)."""
+    pieces = module.split(".")[2:]
+    for n in range(len(pieces), 0, -1):
+        if ".".join(pieces[:n]) in ENGINE_RANK:
+            return ".".join(pieces[:n])
+    return pieces[0] if pieces else "__init__"
+
+
+def reexports(module: str, target: str) -> bool:
+    """True when ``module`` is a package's ``__init__`` importing one of its own modules."""
+    return MODULES[module].name == "__init__.py" and target.startswith(module + ".")
 
 
 def type_only(tree: ast.Module) -> set[int]:
@@ -95,15 +125,44 @@ def test_every_part_of_the_package_has_a_layer() -> None:
     )
 
 
-def test_no_module_imports_from_a_layer_above_it() -> None:
-    upward = [
+def pointing_up(
+    modules: Iterable[str],
+    piece: Callable[[str], str],
+    rank: dict[str, int],
+    counts: Callable[[str, str], bool] = lambda module, target: True,
+) -> list[str]:
+    """``file:line imports target (a is below b)`` for each import of ``modules`` that
+    ``counts`` and whose target's piece ranks above the importer's."""
+    return [
         f"{MODULES[m].relative_to(ROOT.parent)}:{line} imports {target} "
-        f"({part_of(m)} is below {part_of(target)})"
-        for m in MODULES
+        f"({piece(m)} is below {piece(target)})"
+        for m in modules
         for line, target in imports(m)
-        if RANK[part_of(target)] > RANK[part_of(m)]
+        if counts(m, target) and rank[piece(target)] > rank[piece(m)]
     ]
+
+
+def test_no_module_imports_from_a_layer_above_it() -> None:
+    upward = pointing_up(MODULES, part_of, RANK)
     assert not upward, "imports pointing up a layer:\n" + "\n".join(upward)
+
+
+def test_every_module_of_engines_has_a_place_inside_it() -> None:
+    engines = [m for m in MODULES if part_of(m) == "engines"]
+    unknown = {engine_piece(m) for m in engines} - ENGINE_RANK.keys()
+    assert not unknown, (
+        f"give these a place in ENGINE_LAYERS (and in docs/architecture.md's order): {unknown}"
+    )
+
+
+def test_no_module_of_engines_imports_from_a_part_of_it_above_its_own() -> None:
+    upward = pointing_up(
+        [m for m in MODULES if part_of(m) == "engines"],
+        engine_piece,
+        ENGINE_RANK,
+        lambda module, target: part_of(target) == "engines" and not reexports(module, target),
+    )
+    assert not upward, "imports pointing up inside engines:\n" + "\n".join(upward)
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:

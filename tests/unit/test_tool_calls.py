@@ -21,8 +21,8 @@ from rollfleet.engines.base import (
     Message,
 )
 from rollfleet.engines.continuation import PriorCall, continued_prompt, token_in
-from rollfleet.engines.gateway import step_payload
-from rollfleet.engines.openai_wire import ChatBody, Shaper, parse_request
+from rollfleet.engines.gateway.gateway import step_payload
+from rollfleet.engines.gateway.wire import ChatBody, Shaper, parse_request
 from rollfleet.engines.tool_calls import (
     ToolStream,
     parse_tool_calls,
@@ -329,7 +329,7 @@ def test_the_built_in_template_adds_the_tools_and_writes_calls_and_results_as_te
 
 def jinja_template(source: str | None) -> Any:
     require(bool(importlib.util.find_spec("jinja2")), "jinja2")
-    from rollfleet.engines.llamacpp_model import ChatTemplate
+    from rollfleet.engines.llamacpp.model import ChatTemplate
 
     return ChatTemplate(source, "", "<|im_end|>")
 
@@ -370,7 +370,7 @@ def test_a_template_that_fails_on_the_messages_is_an_engine_error() -> None:
 
 def test_the_hf_engine_renders_the_tools_through_its_chat_template() -> None:
     require(bool(importlib.util.find_spec("transformers")), "transformers (rollfleet[hf])")
-    from rollfleet.engines.hf import HFEngine
+    from rollfleet.engines.hf.engine import HFEngine
     from rollfleet.engines.tiny import tiny_tokenizer
 
     engine = HFEngine("tiny")

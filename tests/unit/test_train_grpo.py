@@ -24,7 +24,7 @@ def model():  # type: ignore[no-untyped-def]
     require(HAVE, "torch and transformers")
     import torch
 
-    from rollfleet.engines.hf import tiny_hf_model
+    from rollfleet.engines.tiny import tiny_hf_model
 
     torch.manual_seed(0)
     return tiny_hf_model(seed=0)[0].train()

@@ -21,7 +21,7 @@ def tiny() -> object:
     """A tiny random Llama, the same every call."""
     import torch
 
-    from rollfleet.engines.hf import tiny_hf_model
+    from rollfleet.engines.tiny import tiny_hf_model
 
     torch.manual_seed(0)
     return tiny_hf_model(seed=0)[0].train()

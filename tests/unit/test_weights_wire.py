@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Iterable
 import pytest
 import torch  # the test extra installs it (a trainer's tensors are torch tensors)
 
-from rollfleet.engines.weights import MAGIC, decode, encode
+from rollfleet.engines.weights.wire import MAGIC, decode, encode
 from rollfleet.errors import InvalidInput
 
 

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from rollfleet.engines.factory import EngineKind, build_gateway
-from rollfleet.engines.gateway_app import serve_gateway
+from rollfleet.engines.gateway.app import serve_gateway
 from rollfleet.errors import RollfleetError
 from rollfleet.web.serving import check_bind
 

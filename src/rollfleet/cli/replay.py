@@ -111,9 +111,13 @@ async def _replay(url: str, token: str | None, rollout_id: str, model: Path | No
     try:
         try:
             report = await replay(
-                store, rollout_id, model=model, on_check=on_check, on_call=on_call,
+                store,
+                rollout_id,
+                model=model,
+                on_check=on_check,
+                on_call=on_call,
                 on_start=on_start,
-            )  # fmt: skip
+            )
         except RollfleetError:
             raise
         except (OSError, sqlite3.Error) as exc:

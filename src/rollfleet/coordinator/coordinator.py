@@ -17,6 +17,12 @@ The names and semantics follow Trinity-RFT's coordinator. What differs, on purpo
 
 A batch's state changes only through ``state.move_batch`` (its transition table); callers get
 frozen records (``BatchInfo``, ``FinalizeResult``, ``AbortResult``, ``ExperienceStats``).
+
+This class owns the coordinator's mutable state (the batches, the finalize count, the carry pool,
+the policy version served) and its locks, and sequences each operation; the steps are functions
+that take that state as arguments: admission (``admission.py``), finalize's wait (``waiting.py``),
+the straggler policy (``stragglers.py``), the commit (``commit.py``), the staleness rules
+(``staleness.py``), aggregation (``aggregate.py``).
 """
 
 from __future__ import annotations
@@ -29,17 +35,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rollfleet.coordinator.admission import (
+    admit_held,
+    admit_or_hold,
+    load_policy_version,
+    record_policy_version,
+)
 from rollfleet.coordinator.advantages import check_estimator
 from rollfleet.coordinator.aggregate import batch_result, fetch_rollouts, write_batch_experiences
+from rollfleet.coordinator.commit import check_due, commit
 from rollfleet.coordinator.experiences import ExperienceStats
 from rollfleet.coordinator.staleness import (
-    admissible,
+    batch_bound,
     check_max_staleness,
     check_order,
     due,
-    held_back,
-    in_flight,
-    staleness,
+    due_rollouts,
 )
 from rollfleet.coordinator.state import (
     STATE_PREFIX,
@@ -54,15 +65,15 @@ from rollfleet.coordinator.state import (
     check_submit,
     move_batch,
     rollout_specs,
+    save_batch,
 )
-from rollfleet.coordinator.stragglers import AbortHook, cancel_rollouts, split_pool
+from rollfleet.coordinator.stragglers import AbortHook, cancel_in_batch, settle_stragglers
 from rollfleet.coordinator.waiting import wait_for_batch
 from rollfleet.errors import Conflict, InvalidInput, NotFound
-from rollfleet.model import RolloutConfig, RolloutSpec, RolloutStatus, now
+from rollfleet.model import RolloutConfig, RolloutStatus, now
 from rollfleet.store.base import Store
 
 log = logging.getLogger("rollfleet.coordinator")
-POLICY_KEY = "coordinator/policy_version"  # the version the engines serve, as the trainer said
 S = BatchLifecycleState
 
 
@@ -122,8 +133,7 @@ class RolloutCoordinator:
         if latest is not None:
             self._finalize_count = (latest.finalize_index or 0) + 1
             self._pool = list(latest.carry_pool)
-        served = await self._s.get_state(POLICY_KEY)
-        self._served = None if not served else int(served["version"])
+        self._served = await load_policy_version(self._s)
         active = [b.batch_id for b in self._batches.values() if not b.state.done]
         self._prepared = True
         await self._admit_held()  # a coordinator restarted with room for held batches
@@ -186,9 +196,6 @@ class RolloutCoordinator:
         found = sorted(self._batches.values(), key=lambda b: b.created_at)
         return [(await self._refresh(b) if refresh else b).info() for b in found]
 
-    async def _save(self, batch: BatchState) -> None:
-        await self._s.put_state(STATE_PREFIX + batch.batch_id, batch.to_json())
-
     async def submit_batch(
         self,
         batch_id: str | int,
@@ -210,15 +217,7 @@ class RolloutCoordinator:
         chosen = check_submit(
             batch_id, tasks, batch_type, min_wait_num, repeat_times, policy, self.default_policy
         )
-        if batch_type == "eval" and max_staleness is not None:
-            raise InvalidInput("submit_batch: max_staleness bounds train batches, not eval ones")
-        bound = self.max_staleness if max_staleness is None else max_staleness
-        bound = check_max_staleness(bound) if batch_type == "train" else None
-        if bound is not None and self._served is None:
-            raise Conflict(
-                "submit_batch: max_staleness needs the policy version the engines serve: call "
-                "set_policy_version(v) before the first batch, and after each weights push"
-            )
+        bound = batch_bound(batch_type, max_staleness, self.max_staleness, self._served)
         with contextlib.suppress(NotFound):
             old = await self._batch(batch_id)
             raise Conflict(
@@ -242,12 +241,14 @@ class RolloutCoordinator:
             version = None if resources is None else resources.version
             specs = rollout_specs(batch, tasks, mode, config, priority, version)
             async with self._admit_lock:
-                queued = held_back(self._batches.values())
-                if bound is not None and (queued or not self._admissible(batch)):
-                    batch.held = specs
-                    await self._save(batch)
-                else:
-                    await self._admit(batch, specs)
+                await admit_or_hold(
+                    self._s,
+                    batch,
+                    specs,
+                    self._batches.values(),
+                    trained=self._finalize_count,
+                    version=self.policy_version,
+                )
         except BaseException:
             del self._batches[batch_id]
             raise
@@ -277,42 +278,20 @@ class RolloutCoordinator:
         """Record that every engine now serves ``version`` (after a weights push); held batches
         that now fit ``max_staleness`` are enqueued. Returns their ids."""
         await self.prepare()
-        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-            raise InvalidInput(f"policy version must be a non-negative integer, got {version!r}")
-        if self._served is not None and version < self._served:
-            raise Conflict(f"policy version {version} is older than {self._served}, served now")
-        await self._s.put_state(POLICY_KEY, {"version": version})
+        await record_policy_version(self._s, version, self._served)
         self._served = version
         log.info("policy version %d served", version)
         return await self._admit_held()
 
-    def _admissible(self, batch: BatchState) -> bool:
-        ahead = len(in_flight(self._batches.values()))
-        return admissible(batch.max_staleness, self._finalize_count, self.policy_version, ahead)
-
-    async def _admit(self, batch: BatchState, specs: list[RolloutSpec]) -> None:
-        """Enqueue a batch's rollouts (again after a crash: ids are deterministic) and run it."""
-        await self._s.enqueue_many(specs)
-        batch.statuses = {rid: RolloutStatus.QUEUING for rid in batch.rollout_ids}
-        if batch.batch_type == "train":
-            batch.admitted_at = self.policy_version
-        batch.held = []
-        move_batch(batch, S.RUNNING)
-        await self._save(batch)
-
     async def _admit_held(self) -> list[str]:
-        """Enqueue held batches, oldest first, while max_staleness allows."""
-        admitted: list[str] = []
+        """Enqueue held batches, oldest first, while max_staleness allows; their ids."""
         async with self._admit_lock:
-            for batch in held_back(self._batches.values()):
-                if not self._admissible(batch):
-                    break
-                await self._admit(batch, batch.held)
-                admitted.append(batch.batch_id)
-                log.info(
-                    "batch %s admitted at policy version %d", batch.batch_id, self.policy_version
-                )
-        return admitted
+            return await admit_held(
+                self._s,
+                self._batches.values(),
+                trained=self._finalize_count,
+                version=self.policy_version,
+            )
 
     # --- finalize -------------------------------------------------------------------------------
 
@@ -356,20 +335,11 @@ class RolloutCoordinator:
             check_order(batch, self._batches.values(), self._finalize_count)
             if batch.state is not S.FINALIZING:  # FINALIZING: a finalize cut short, resumed here
                 move_batch(batch, S.FINALIZING)  # an aborted (or finalized) batch is refused
-                await self._save(batch)
+                await save_batch(self._s, batch)
             grace = self.wait_after_min if wait_after_min is None else wait_after_min
             index = self._finalize_count
             whole = kind == "train" and due(batch.max_staleness, batch.admitted_at, index)
-            must = (
-                [
-                    r
-                    for c in self._pool
-                    if due(c.max_staleness, c.admitted_at, index)
-                    for r in c.rollout_ids
-                ]
-                if kind == "train"
-                else []
-            )
+            must = due_rollouts(self._pool, index) if kind == "train" else []
             await wait_for_batch(
                 self._s,
                 batch,
@@ -380,86 +350,24 @@ class RolloutCoordinator:
                 poll_interval_s=self.poll_interval_s,
                 reap_interval_s=self.reap_interval_s,
             )
-            stragglers = [g for g, ids in batch.groups().items() if not batch.task_done(ids)]
-            if stragglers and (batch.policy is StragglerPolicy.CANCEL or kind == "eval"):
-                await self._cancel([r for g in stragglers for r in batch.groups()[g]], batch)
-                stragglers = []
+            stragglers = await settle_stragglers(self._s, batch, self.abort_hook)
             async with self._commit_lock:
-                await self._check_due(batch, stragglers if whole else [], must)
+                await check_due(self._s, batch, stragglers if whole else [], must)
                 result = await self._commit(batch, stragglers)
             await self._admit_held()
             return result
 
-    async def _check_due(self, batch: BatchState, own: list[str], must: list[str]) -> None:
-        """Conflict (the batch stays finalizing) when work due now is still running: carrying it
-        over would make it staler than its max_staleness, and dropping it would lose it."""
-        groups = batch.groups()
-        left = [r for g in own for r in groups[g]]
-        found = await fetch_rollouts(self._s, must)
-        left += [r.rollout_id for r in found if not r.terminal]
-        if left:
-            raise Conflict(
-                f"batch {batch.batch_id}: {len(left)} rollouts (first {left[0]}) must be consumed"
-                " by this finalize to stay within max_staleness and are still running: finalize"
-                " again later, with a longer timeout"
-            )
-
-    async def _cancel(self, rollout_ids: list[str], batch: BatchState) -> None:
-        """Cancel the non-terminal rollouts (running ones through the abort hook too), re-read."""
-        found = await cancel_rollouts(self._s, rollout_ids, self.abort_hook)
-        batch.statuses.update({r.rollout_id: r.status for r in found})
-
     async def _commit(self, batch: BatchState, stragglers: list[str]) -> FinalizeResult:
-        """Take the finished groups (and carried ones now done), aggregate, persist FINALIZED."""
-        groups = batch.groups()
-        index = self._finalize_count if batch.batch_type == "train" else None
-        at = index or 0
-        own = staleness(at, batch.admitted_at, 0)
-        included = {r: own for g, ids in groups.items() if g not in stragglers for r in ids}
-        pool = self._pool if batch.batch_type == "train" else []
-        ready, still = await split_pool(self._s, pool)
-        for c in ready:
-            late = staleness(at, c.admitted_at, at - c.origin_index)
-            included.update({r: late for r in c.rollout_ids})
-        rollouts = await fetch_rollouts(self._s, list(included))
-        carried = [
-            Carried(
-                group_id=g,
-                rollout_ids=groups[g],
-                origin_batch_id=batch.batch_id,
-                origin_index=at,
-                admitted_at=batch.admitted_at,
-                max_staleness=batch.max_staleness,
-            )
-            for g in stragglers
-        ]
-        result = await batch_result(
-            self._s,
-            batch,
-            rollouts,
-            included,
-            carried_in=len(ready),
-            carried_out=len(carried),
-            collect_tokens=self.collect_tokens,
+        """Commit the finalize (``commit.commit``); a train one moves the finalize count on and
+        takes the new carry pool."""
+        train = batch.batch_type == "train"
+        index = self._finalize_count if train else None
+        pool = self._pool if train else []
+        result = await commit(
+            self._s, batch, stragglers, pool, index, collect_tokens=self.collect_tokens
         )
-        move_batch(batch, S.FINALIZED)  # refused if abort_batch ran while we read
-        mine = {r.rollout_id: r.status for r in rollouts if r.rollout_id in batch.statuses}
-        batch.statuses.update(mine)
-        batch.included, batch.final_result, batch.finished_at = included, result, now()
-        batch.carried_out = stragglers
-        if index is not None:
-            batch.finalize_index, batch.carry_pool = index, [*still, *carried]
-        await self._save(batch)  # the one write that commits the result and the new carry pool
         if index is not None:
             self._finalize_count, self._pool = index + 1, batch.carry_pool
-        log.info(
-            "batch %s finalized: %d/%d tasks, %d carried in, %d carried out",
-            batch.batch_id,
-            result.finished_task_count,
-            batch.expected_task_count,
-            len(ready),
-            len(carried),
-        )
         return result
 
     # --- abort ----------------------------------------------------------------------------------
@@ -474,8 +382,8 @@ class RolloutCoordinator:
         if batch.state is not S.ABORTED:  # ABORTED with no result: an abort cut short, resumed
             move_batch(batch, S.ABORTED)  # a finalize under way sees this and stops
         batch.reason = reason
-        await self._save(batch)
-        await self._cancel(batch.rollout_ids, batch)
+        await save_batch(self._s, batch)
+        await cancel_in_batch(self._s, batch, batch.rollout_ids, self.abort_hook)
         found = await fetch_rollouts(self._s, batch.rollout_ids)
         kept = [r for r in found if r.status is RolloutStatus.SUCCEEDED]
         used = kept if keep_partial_results else []
@@ -485,7 +393,7 @@ class RolloutCoordinator:
         )
         aborted = AbortResult(**dict(result), reason=reason)
         batch.final_result, batch.finished_at, batch.held = aborted, now(), []
-        await self._save(batch)
+        await save_batch(self._s, batch)
         await self._admit_held()  # an aborted batch makes room for held ones
         log.info(
             "batch %s aborted (%s): %d finished results %s",

@@ -19,15 +19,15 @@ The rules below keep every consumed sample within k and throw no finished sample
 - **Stragglers.** A group left running by one finalize (``carry_over``) joins a later one; it is
   *due* at the last finalize that keeps it within k, and that finalize waits for it.
 
-:func:`admissible`, :func:`due` and the batch-list helpers below are pure; the coordinator
-applies them.
+:func:`admissible`, :func:`due` and the helpers below are pure; the coordinator applies them
+(admission in :mod:`.admission`, the commit in :mod:`.commit`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
-from rollfleet.coordinator.state import BatchLifecycleState, BatchState
+from rollfleet.coordinator.state import BatchLifecycleState, BatchState, BatchType, Carried
 from rollfleet.errors import Conflict, InvalidInput
 
 S = BatchLifecycleState
@@ -48,6 +48,25 @@ def check_max_staleness(value: int | None) -> int | None:
     return value
 
 
+def batch_bound(
+    batch_type: BatchType, given: int | None, default: int | None, served: int | None
+) -> int | None:
+    """The max_staleness a new batch runs under: ``given``, else the coordinator's ``default``,
+    for a train batch; None for an eval one. InvalidInput for an eval batch given a bound or a
+    bad bound; Conflict for a bound while the trainer has reported no policy version (``served``
+    None): a bound on a guess would be no bound."""
+    if batch_type == "eval" and given is not None:
+        raise InvalidInput("submit_batch: max_staleness bounds train batches, not eval ones")
+    bound = default if given is None else given
+    bound = check_max_staleness(bound) if batch_type == "train" else None
+    if bound is not None and served is None:
+        raise Conflict(
+            "submit_batch: max_staleness needs the policy version the engines serve: call "
+            "set_policy_version(v) before the first batch, and after each weights push"
+        )
+    return bound
+
+
 def admissible(k: int | None, trained: int, served: int, ahead: int) -> bool:
     """True when a train batch bounded by ``k`` may start now (``ahead`` batches before it)."""
     return k is None or trained + ahead - served <= k
@@ -59,9 +78,27 @@ def due(k: int | None, admitted_at: int | None, index: int) -> bool:
     return k is not None and admitted_at is not None and index + 1 - admitted_at > k
 
 
+def due_rollouts(pool: Iterable[Carried], index: int) -> list[str]:
+    """The rollouts of the carried groups that finalize ``index`` must consume."""
+    return [r for c in pool if due(c.max_staleness, c.admitted_at, index) for r in c.rollout_ids]
+
+
 def staleness(index: int, admitted_at: int | None, fallback: int) -> int:
     """Staleness of work admitted at ``admitted_at`` consumed by finalize ``index``."""
     return fallback if admitted_at is None else max(0, index - admitted_at)
+
+
+def consumed(
+    batch: BatchState, stragglers: Collection[str], ready: Iterable[Carried], index: int
+) -> dict[str, int]:
+    """What finalize ``index`` consumes, rollout id → staleness: the groups of ``batch`` but its
+    ``stragglers``, then the carried groups ``ready`` (wholly finished now)."""
+    own = staleness(index, batch.admitted_at, 0)
+    included = {r: own for g, ids in batch.groups().items() if g not in stragglers for r in ids}
+    for c in ready:
+        late = staleness(index, c.admitted_at, index - c.origin_index)
+        included.update({r: late for r in c.rollout_ids})
+    return included
 
 
 def in_flight(batches: Iterable[BatchState]) -> list[BatchState]:

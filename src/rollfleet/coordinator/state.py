@@ -3,8 +3,9 @@
 view of a batch callers get.
 
 A batch is persisted in the store's key/value state under ``batch/<batch_id>`` as the JSON of
-its ``BatchState``; a restarted coordinator rebuilds everything from those records. Its state
-changes only through :func:`move_batch`, which follows ``BATCH_TRANSITIONS``.
+its ``BatchState`` (:func:`save_batch` writes it); a restarted coordinator rebuilds everything from
+those records. Its state changes only through :func:`move_batch`, which follows
+``BATCH_TRANSITIONS``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from rollfleet.errors import Conflict, InvalidInput
 from rollfleet.model import Record, RolloutConfig, RolloutSpec, RolloutStatus
+from rollfleet.store.base import Store
 
 BatchType = Literal["train", "eval"]
 STATE_PREFIX = "batch/"
@@ -216,6 +218,11 @@ class BatchInfo(Record):
     admitted_at: int | None = None  # None while held back by max_staleness (state pending)
     completed_task_count: int  # tasks whose every repeat is terminal
     rollout_statuses: dict[RolloutStatus, int] = Field(default_factory=dict)
+
+
+async def save_batch(store: Store, batch: BatchState) -> None:
+    """Persist ``batch``'s record (under ``batch/<batch_id>``), replacing the one before."""
+    await store.put_state(STATE_PREFIX + batch.batch_id, batch.to_json())
 
 
 def check_batch_transition(batch: BatchState, new: BatchLifecycleState) -> None:

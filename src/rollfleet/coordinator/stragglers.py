@@ -1,4 +1,6 @@
-"""Rollouts a batch no longer waits for: cancelling them, and the carried groups now finished."""
+"""Rollouts a batch no longer waits for: the straggler policy applied once finalize stops waiting
+(carry their groups over to a later train finalize, or cancel them), the carried groups now
+finished, and cancelling rollouts (by finalize and by abort)."""
 
 from __future__ import annotations
 
@@ -8,13 +10,50 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from rollfleet.coordinator.aggregate import fetch_rollouts
-from rollfleet.coordinator.state import Carried
+from rollfleet.coordinator.state import BatchState, Carried, StragglerPolicy
 from rollfleet.errors import Conflict
 from rollfleet.model import ACTIVE_ROLLOUT, Rollout, RolloutStatus
 from rollfleet.store.base import Store
 
 log = logging.getLogger("rollfleet.coordinator")
 AbortHook = Callable[[str], Awaitable[None]]
+
+
+async def settle_stragglers(
+    store: Store, batch: BatchState, abort_hook: AbortHook | None
+) -> list[str]:
+    """The groups of ``batch`` still running once finalize stops waiting, which it carries over;
+    under ``cancel``, and for an eval batch, none: their rollouts are cancelled instead."""
+    groups = batch.groups()
+    stragglers = [g for g, ids in groups.items() if not batch.task_done(ids)]
+    if stragglers and (batch.policy is StragglerPolicy.CANCEL or batch.batch_type == "eval"):
+        await cancel_in_batch(store, batch, [r for g in stragglers for r in groups[g]], abort_hook)
+        return []
+    return stragglers
+
+
+def carry(batch: BatchState, stragglers: list[str], index: int) -> list[Carried]:
+    """The records of the ``stragglers`` groups that train finalize ``index`` carries over."""
+    groups = batch.groups()
+    return [
+        Carried(
+            group_id=g,
+            rollout_ids=groups[g],
+            origin_batch_id=batch.batch_id,
+            origin_index=index,
+            admitted_at=batch.admitted_at,
+            max_staleness=batch.max_staleness,
+        )
+        for g in stragglers
+    ]
+
+
+async def cancel_in_batch(
+    store: Store, batch: BatchState, rollout_ids: list[str], abort_hook: AbortHook | None
+) -> None:
+    """Cancel these rollouts of ``batch`` (:func:`cancel_rollouts`); note their statuses after."""
+    found = await cancel_rollouts(store, rollout_ids, abort_hook)
+    batch.statuses.update({r.rollout_id: r.status for r in found})
 
 
 async def cancel_rollouts(

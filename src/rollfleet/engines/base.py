@@ -174,7 +174,7 @@ class EngineInfo:
     healthy: bool
     base_url: str | None = None
     vision: bool = False
-    adapters: bool = False  # applies LoRA adapters pushed as such (rollfleet.engines.lora)
+    adapters: bool = False  # applies LoRA adapters pushed as such (rollfleet.engines.weights.lora)
 
 
 @runtime_checkable

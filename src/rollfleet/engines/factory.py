@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 
 from rollfleet.engines.base import Engine
-from rollfleet.engines.gateway import Gateway, Recorder
+from rollfleet.engines.gateway.gateway import Gateway, Recorder
 from rollfleet.errors import InvalidInput
 
 log = logging.getLogger("rollfleet.engines")
@@ -39,17 +39,17 @@ def make_engine(
     if mmproj and kind is not EngineKind.LLAMACPP:
         raise InvalidInput(f"--mmproj is a llama.cpp projector; engine {kind.value!r} takes none")
     if kind is EngineKind.LLAMACPP and mmproj:
-        from rollfleet.engines.llamacpp_vision import LlamaCppVisionEngine
+        from rollfleet.engines.llamacpp.vision import LlamaCppVisionEngine
 
         return LlamaCppVisionEngine(model, mmproj)
     if kind is EngineKind.LLAMACPP:
-        from rollfleet.engines.llamacpp import LlamaCppEngine
+        from rollfleet.engines.llamacpp.engine import LlamaCppEngine
 
         return LlamaCppEngine(model)
     if kind is EngineKind.HF:
         return _hf_engine(model)
     if kind is EngineKind.OPENAI:
-        from rollfleet.engines.openai_engine import OpenAIEngine
+        from rollfleet.engines.served.openai import OpenAIEngine
 
         if not url:
             raise InvalidInput("engine 'openai' needs --engine-url (the server's base URL)")
@@ -57,10 +57,10 @@ def make_engine(
     if not model:
         raise InvalidInput(f"engine {kind.value!r} needs --model (a model name or path)")
     if kind is EngineKind.VLLM:
-        from rollfleet.engines.vllm import VLLMEngine
+        from rollfleet.engines.served.vllm import VLLMEngine
 
         return VLLMEngine(model, port=port + index)
-    from rollfleet.engines.sglang import SGLangEngine
+    from rollfleet.engines.served.sglang import SGLangEngine
 
     return SGLangEngine(model, port=port + index)
 
@@ -68,12 +68,13 @@ def make_engine(
 def _hf_engine(model: str | None) -> Engine:
     """The HF engine for ``model``: a vision-language model (``tiny-vlm``, or a checkpoint whose
     config has a ``vision_config``) gets the engine that takes images."""
-    from rollfleet.engines.hf import HFEngine, tiny_hf_model
+    from rollfleet.engines.hf.engine import HFEngine
+    from rollfleet.engines.tiny import tiny_hf_model
 
     if not model or model == "tiny":
         return HFEngine(*tiny_hf_model())
     if model == "tiny-vlm" or _is_vision_checkpoint(model):
-        from rollfleet.engines.hf_vision import HFVisionEngine
+        from rollfleet.engines.hf.vision import HFVisionEngine
         from rollfleet.engines.tiny import tiny_vlm
 
         return HFVisionEngine(*tiny_vlm()) if model == "tiny-vlm" else HFVisionEngine(model)

@@ -312,12 +312,12 @@ async def shared_llm(
     if opts.engine_per_runner:
         yield RunnerLlm(["--own-engine"] + (["--model-path", opts.model] if opts.model else []))
         return
-    from rollfleet.engines.gateway import Gateway
-    from rollfleet.engines.gateway_app import running_gateway
-    from rollfleet.engines.llamacpp import LlamaCppEngine
+    from rollfleet.engines.gateway.app import running_gateway
+    from rollfleet.engines.gateway.gateway import Gateway
+    from rollfleet.engines.llamacpp.engine import LlamaCppEngine
 
     if engine is None and opts.serves_directory():
-        from rollfleet.engines.hf import HFEngine
+        from rollfleet.engines.hf.engine import HFEngine
 
         engine = HFEngine(opts.model, max_batch=min(64, max(2, opts.num_rollouts)))
     if engine is None:

@@ -12,10 +12,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from rollfleet.coordinator.experiences import training_calls
-from rollfleet.engines.llamacpp_model import (
+from rollfleet.engines.llamacpp.model import (
     bundled_gguf,
 )
-from rollfleet.engines.llamacpp_vocab import EngineTokens
+from rollfleet.engines.llamacpp.vocab import EngineTokens
 from rollfleet.errors import InvalidInput, NotFound, RollfleetError
 from rollfleet.model import (
     CALL_REWARD_STEP,

@@ -16,7 +16,7 @@ checked against what the store recorded, and the first difference stops it:
   ``tool_result`` steps, else the ``turn`` steps), and so must each turn record, each discard,
   each per-call reward, each snapshot of a mode that snapshots;
 - token ids (llama.cpp, the default engine): the GGUF's vocabulary and chat template only are
-  loaded (:mod:`~rollfleet.engines.llamacpp_vocab`, about a second, no weights) and each call's
+  loaded (:mod:`~rollfleet.engines.llamacpp.vocab`, about a second, no weights) and each call's
   prompt is built by the engine's own code (a token-in continuation of the call the recording
   says it continued, else the whole conversation rendered and tokenized), which must equal the
   recorded ``prompt_token_ids`` byte for byte; the recorded ``completion_token_ids`` must make
@@ -43,7 +43,7 @@ from typing import Any, NoReturn, cast
 from rollfleet.coordinator.experiences import sequences_from_steps, training_calls
 from rollfleet.engines.base import FinishReason, Generation, GenerationRequest
 from rollfleet.engines.continuation import PriorCall
-from rollfleet.engines.llamacpp_vocab import EngineTokens
+from rollfleet.engines.llamacpp.vocab import EngineTokens
 from rollfleet.errors import InvalidInput, RollfleetError
 from rollfleet.model import (
     CALL_REWARD_STEP,
@@ -125,7 +125,7 @@ class Replayer:
         equals the recorded request."""
         from openai.types.chat import ChatCompletion
 
-        from rollfleet.engines.openai_wire import Shaper, parse_request
+        from rollfleet.engines.gateway.wire import Shaper, parse_request
         from rollfleet.engines.tool_calls import read_tool_calls
 
         index = self.asked

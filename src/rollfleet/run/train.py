@@ -154,7 +154,7 @@ async def embedded_fleet(
 def hf_engine(slots: int, path: Path | None = None) -> Any:
     """The policy's model (``path``, default the bundled one) served by transformers
     (``--engine hf``), as the policy starts."""
-    from rollfleet.engines.hf import HFEngine
+    from rollfleet.engines.hf.engine import HFEngine
     from rollfleet.train.policy import load_policy
 
     model, tokenizer = load_policy(path)

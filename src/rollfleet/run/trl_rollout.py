@@ -42,8 +42,9 @@ class LoopThread:
         """Start the loop."""
         self.loop = asyncio.new_event_loop()
         self.watched: list[Future[Any]] = []  # their end (the fleet's) fails every call
-        self._thread = threading.Thread(target=self.loop.run_forever, name="rollfleet-trl",
-                                        daemon=True)  # fmt: skip
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="rollfleet-trl", daemon=True
+        )
         self._thread.start()
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -68,16 +69,19 @@ def fleet_tasks(
 ) -> dict[str, RolloutSpec]:
     """The tasks of ``data`` (checked by ``mode``) keyed by their user prompt, TRL's ``prompt``."""
     found = get_mode(mode)
-    run = RunOptions(mode=mode, data=data, max_tokens=max_tokens, temperature=temperature,
-                     max_turns=max_turns)  # fmt: skip
+    run = RunOptions(
+        mode=mode, data=data, max_tokens=max_tokens, temperature=temperature, max_turns=max_turns
+    )
     lines = load_tasks(data, found)
     specs = build_specs(lines, path=data, mode=mode, samples=1, settings=run.settings())
     tasks: dict[str, RolloutSpec] = {}
     for line, spec in zip(lines, specs, strict=True):
         prompt = found.user_prompt(line.task)
         if prompt in tasks and tasks[prompt].input != spec.input:
-            raise InvalidInput(f"{data}:{line.lineno}: same prompt as line "
-                               f"{tasks[prompt].metadata['line']} but another task")  # fmt: skip
+            raise InvalidInput(
+                f"{data}:{line.lineno}: same prompt as line "
+                f"{tasks[prompt].metadata['line']} but another task"
+            )
         tasks.setdefault(prompt, spec)
     return tasks
 
@@ -148,16 +152,26 @@ class FleetRollout:
             return 0.0
         began = time.perf_counter()
         model = trainer.accelerator.unwrap_model(trainer.model)
-        self.loop.call(publish(model, self.gateway, self._coordinator(), version,
-                               base=self.version, token=self.token))  # fmt: skip
+        self.loop.call(
+            publish(
+                model,
+                self.gateway,
+                self._coordinator(),
+                version,
+                base=self.version,
+                token=self.token,
+            )
+        )
         self.version = version
         return time.perf_counter() - began
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
         """Generate TRL's batch on the fleet: token ids, the engine's logprobs, env rewards."""
         if trainer.accelerator.num_processes > 1:
-            raise InvalidInput("rollout_func: FleetRollout serves one training process; each "
-                               "process would push weights and submit its own batch")  # fmt: skip
+            raise InvalidInput(
+                "rollout_func: FleetRollout serves one training process; each "
+                "process would push weights and submit its own batch"
+            )
         synced = self.push(trainer)
         group = trainer.num_generations if trainer.model.training else trainer.num_generations_eval
         specs = [self._spec(prompts, i, group) for i in range(0, len(prompts), group)]
@@ -171,24 +185,36 @@ class FleetRollout:
         if missing == len(prompts):
             raise RollfleetError(f"batch {batch}: no rollout gave tokens and logprobs")
         staleness = [r.staleness for r in rows]
-        self.batches.append(BatchFigures(
-            batch, self.version, result.metrics.get("reward/mean", 0.0),
-            result.metrics.get("reward/std", 0.0), len(rows), missing,
-            sum(sum(m) for m in out["env_mask"]), max(staleness, default=0),
-            time.perf_counter() - began, synced,
-            dict(zip(out["rollout_id"], out["env_reward"], strict=True)),
-        ))  # fmt: skip
+        self.batches.append(
+            BatchFigures(
+                batch_id=batch,
+                version=self.version,
+                reward_mean=result.metrics.get("reward/mean", 0.0),
+                reward_std=result.metrics.get("reward/std", 0.0),
+                experiences=len(rows),
+                missing=missing,
+                action_tokens=sum(sum(m) for m in out["env_mask"]),
+                staleness_max=max(staleness, default=0),
+                seconds_generate=time.perf_counter() - began,
+                seconds_sync=synced,
+                rewards=dict(zip(out["rollout_id"], out["env_reward"], strict=True)),
+            )
+        )
         return out
 
     def _spec(self, prompts: list[Any], start: int, group: int) -> RolloutSpec:
         """The task of the ``group`` identical prompts from ``start`` (TRL's sampler order)."""
         chunk = prompts[start : start + group]
         if len(chunk) != group or any(p != chunk[0] for p in chunk):
-            raise InvalidInput(f"rollout_func: expected each prompt {group} times in a row "
-                               "(TRL's RepeatSampler order)")  # fmt: skip
+            raise InvalidInput(
+                f"rollout_func: expected each prompt {group} times in a row "
+                "(TRL's RepeatSampler order)"
+            )
         if not isinstance(chunk[0], str) or chunk[0] not in self.tasks:
-            raise InvalidInput(f"rollout_func: prompt {str(chunk[0])[:80]!r} is none of the "
-                               "fleet's tasks (use prompt_dataset(tasks))")  # fmt: skip
+            raise InvalidInput(
+                f"rollout_func: prompt {str(chunk[0])[:80]!r} is none of the "
+                "fleet's tasks (use prompt_dataset(tasks))"
+            )
         return self.tasks[chunk[0]]
 
     async def _generate(self, batch: str, specs: list[RolloutSpec], group: int) -> Any:
@@ -231,8 +257,12 @@ def trl_output(
             else:
                 cut = row.prompt_length
                 prompt = row.tokens[:cut]
-                answer = (row.tokens[cut:], (row.logprobs or [])[cut:], row.action_mask[cut:],
-                          row.reward)  # fmt: skip
+                answer = (
+                    row.tokens[cut:],
+                    (row.logprobs or [])[cut:],
+                    row.action_mask[cut:],
+                    row.reward,
+                )
             for key, value in zip(keys, (prompt, *answer, rid), strict=True):
                 out[key].append(value)
     return out

@@ -140,7 +140,7 @@ def llm_factory(
     them on the one connection pool ``http``, with ``token`` as its API key; with ``mint``,
     ``token`` is the rollfleet gateway's and the client holds an attempt capability made from
     it instead (:mod:`rollfleet.web.capability`)."""
-    from rollfleet.engines.client import llm_client
+    from rollfleet.engines.gateway.client import llm_client
     from rollfleet.web import capability
 
     def make(rollout: Rollout) -> Any:
@@ -158,9 +158,9 @@ def llm_factory(
 @contextlib.asynccontextmanager
 async def own_engine(model: str | None, slots: int) -> AsyncIterator[str]:
     """A private llama.cpp engine and gateway in this process; yields the gateway URL."""
-    from rollfleet.engines.gateway import Gateway
-    from rollfleet.engines.gateway_app import running_gateway
-    from rollfleet.engines.llamacpp import LlamaCppEngine
+    from rollfleet.engines.gateway.app import running_gateway
+    from rollfleet.engines.gateway.gateway import Gateway
+    from rollfleet.engines.llamacpp.engine import LlamaCppEngine
 
     engine = LlamaCppEngine(
         model, slots=max(1, slots), threads=max(1, len(os.sched_getaffinity(0)) - 1)
@@ -191,7 +191,7 @@ async def _serve(args: argparse.Namespace, llm_url: str | None) -> int:
     store = connect(args.store, token=args.token)
     http = None
     if llm_url:
-        from rollfleet.engines.client import SharedPool
+        from rollfleet.engines.gateway.client import SharedPool
 
         http = SharedPool()
     try:

@@ -5,6 +5,8 @@ heartbeats every live attempt (stopping an agent the moment the store says its r
 cancelled or its lease lost), sends steps in batches, and completes with the result, shielded
 from cancellation. ``stop()`` once drains: no new claims, running rollouts get ``grace_s`` to
 finish, the rest go back to the queue. ``stop()`` twice releases everything at once.
+
+What it writes for its attempts (steps, ends) goes through :mod:`.recorder`.
 """
 
 from __future__ import annotations
@@ -16,57 +18,25 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from rollfleet.aio import TaskSet
 from rollfleet.client.endpoints import Backoff
-from rollfleet.errors import (
-    Conflict,
-    NotFound,
-    RollfleetError,
-    StoreUnavailable,
-)
-from rollfleet.model import (
-    AttemptStatus,
-    Completion,
-    CompletionOutcome,
-    HeartbeatReply,
-    Resources,
-    Rollout,
-    RolloutResult,
-    Step,
-    StepIn,
-    WorkerStatus,
-)
+from rollfleet.errors import RollfleetError
+from rollfleet.model import AttemptStatus, HeartbeatReply, Resources, Rollout, WorkerStatus
 from rollfleet.runner.agent import Agent, agent_defaults, load_agent, to_result
 from rollfleet.runner.batching import NaturalBatcher
 from rollfleet.runner.context import AttemptContext
 from rollfleet.runner.describe import describe, input_preview
-from rollfleet.store.base import Store, read_all
-from rollfleet.web.errors import error_named
+from rollfleet.runner.recorder import AttemptRecorder, EventFn, Outcome, RunnerStats, until_reached
+from rollfleet.store.base import Store
 
 log = logging.getLogger("rollfleet.runner")
-T = TypeVar("T")
 RECORD_S = 30.0  # shutdown waits this long for the ends of attempts to be recorded,
 CUT_OFF_S = 5.0  # then cancels what is left and waits this long for it to end
-EventFn = Callable[..., None]
 Hook = Callable[[Rollout], Any]
-Outcome = tuple[AttemptStatus, RolloutResult | None, str | None] | None  # None: not recorded
-
-
-@dataclass
-class RunnerStats:
-    """What one runner did."""
-
-    claimed: int = 0
-    succeeded: int = 0
-    failed: int = 0
-    timed_out: int = 0
-    stopped_by_store: int = 0
-    released: int = 0
-    fenced: int = 0
 
 
 @dataclass
@@ -131,9 +101,7 @@ class Runner:
         self._aborting = False
         self._claim_backoff = Backoff()  # an overloaded server is not asked again in step
         self._resources: tuple[float, Resources | None] = (0.0, None)
-        self._completions: NaturalBatcher[Completion, CompletionOutcome] = NaturalBatcher(
-            store.complete_many
-        )
+        self._recorder = AttemptRecorder(store, self.worker_id, self.stats, self.on_event)
         self._starts: NaturalBatcher[str, HeartbeatReply | None] = NaturalBatcher(
             self._heartbeat_aligned
         )
@@ -163,10 +131,11 @@ class Runner:
 
     async def run(self) -> RunnerStats:
         """Run until stop(); returns what was done."""
-        await self._until_reached(  # a runner started while the server restarts waits for it
+        await until_reached(  # a runner started while the server restarts waits for it
             lambda: self.store.register_worker(self.worker_id, self.metadata, lease_s=self.lease_s),
             self.lease_s,
             "registering",
+            self.worker_id,
         )
         self.on_event("worker_started", worker_id=self.worker_id)
         side = [
@@ -244,8 +213,8 @@ class Runner:
             self.stats.claimed += 1
             ctx = AttemptContext(rollout, resources)
             ctx.bind(
-                functools.partial(self._record_steps, rollout, ctx.attempt_id),
-                functools.partial(self._earlier_steps, rollout, ctx.attempt_id),
+                functools.partial(self._recorder.record_steps, rollout, ctx.attempt_id),
+                functools.partial(self._recorder.earlier_steps, rollout, ctx.attempt_id),
             )
             live = _Live(rollout, ctx)
             assert rollout.attempt is not None
@@ -261,25 +230,6 @@ class Runner:
                 rollout_id=rollout.rollout_id,
                 input=input_preview(rollout.input),
             )
-
-    async def _record_steps(self, rollout: Rollout, attempt_id: str, steps: list[StepIn]) -> None:
-        """An agent's durable record: written now, through a server restart (within a lease)."""
-        await self._until_reached(
-            lambda: self.store.add_steps(attempt_id, steps),
-            rollout.config.heartbeat_s,
-            f"the steps of {rollout.rollout_id}",
-        )
-
-    async def _earlier_steps(self, rollout: Rollout, attempt_id: str) -> list[Step]:
-        """Every step of ``rollout`` that attempts other than ``attempt_id`` recorded."""
-        steps = await self._until_reached(
-            lambda: read_all(
-                lambda cursor: self.store.query_steps(rollout.rollout_id, cursor=cursor, limit=1000)
-            ),
-            rollout.config.heartbeat_s,
-            f"the earlier steps of {rollout.rollout_id}",
-        )
-        return [s for s in steps if s.attempt_id != attempt_id]
 
     async def _latest_resources(self) -> Resources | None:
         fetched_at, cached = self._resources
@@ -352,83 +302,21 @@ class Runner:
         self._work.spawn(self._finish(live, outcome), f"rollout-{live.rollout.rollout_id}-finish")
 
     async def _finish(self, live: _Live, outcome: Outcome) -> None:
-        attempt_id = live.ctx.attempt_id
         try:
-            await self._flush(live)
-            if live.stopped_by_store:
-                self.stats.stopped_by_store += 1
-            elif live.release or outcome is None:
-                await self._until_reached(
-                    lambda: self.store.release(attempt_id, "runner shutting down"),
-                    live.rollout.config.heartbeat_s,
-                    f"the end of {live.rollout.rollout_id}",
-                )
-                self.stats.released += 1
-            else:
-                status, result, error = outcome
-                done = Completion(attempt_id=attempt_id, status=status, result=result, error=error)
-                answer = await self._until_reached(
-                    lambda: self._completions.submit(done),
-                    live.rollout.config.heartbeat_s,
-                    f"the end of {live.rollout.rollout_id}",
-                )
-                if answer.rollout_status is None:
-                    raise error_named(answer.error_type, answer.error or "refused")
-                self._count(status)
-                self.on_event(
-                    "rollout_finished",
-                    worker_id=self.worker_id,
-                    rollout_id=live.rollout.rollout_id,
-                    status=status.value,
-                    rollout_status=answer.rollout_status.value,
-                    reward=None if result is None else result.reward,
-                    error=error,
-                )
-        except (Conflict, NotFound) as exc:
-            self.stats.fenced += 1
-            log.info("%s: result for %s refused: %s", self.worker_id, live.rollout.rollout_id, exc)
-        except RollfleetError as exc:
-            log.warning(
-                "%s: could not record the end of %s: %s (its lease will expire and it is retried)",
-                self.worker_id,
-                live.rollout.rollout_id,
-                exc,
+            await self._recorder.flush(live.rollout, live.ctx)
+            await self._recorder.record_end(  # the flags as the flush left them (stop() sets them)
+                live.rollout,
+                live.ctx.attempt_id,
+                outcome,
+                release=live.release,
+                stopped_by_store=live.stopped_by_store,
             )
         finally:
-            self._live.pop(attempt_id, None)
+            self._live.pop(live.ctx.attempt_id, None)
             self._wake.set()
             if not self._live and not self._stopping.is_set():
                 with contextlib.suppress(RollfleetError):
                     await self.store.update_worker(self.worker_id, WorkerStatus.IDLE)
-
-    async def _until_reached(
-        self, call: Callable[[], Awaitable[T]], within_s: float, what: str
-    ) -> T:
-        """``call()`` (an idempotent write); while the server cannot be reached, again, backing
-        off, for ``within_s`` seconds (for an attempt's end: until its lease would have lapsed). A
-        server that restarts meanwhile costs no finished work; before, the rollout waited out its
-        lease and ran again."""
-        give_up = time.monotonic() + within_s
-        pause = 0.1
-        while True:
-            try:
-                return await call()
-            except StoreUnavailable:
-                if time.monotonic() + pause > give_up:
-                    raise
-                log.info(
-                    "%s: server unreachable; retrying %s in %.1f s", self.worker_id, what, pause
-                )
-            await asyncio.sleep(pause)
-            pause = min(2.0, 2 * pause)
-
-    def _count(self, status: AttemptStatus) -> None:
-        if status is AttemptStatus.SUCCEEDED:
-            self.stats.succeeded += 1
-        elif status is AttemptStatus.TIMEOUT:
-            self.stats.timed_out += 1
-        else:
-            self.stats.failed += 1
 
     def _cancel(self, live: _Live, *, release: bool = False, by_store: bool = False) -> None:
         live.release = live.release or release
@@ -468,20 +356,7 @@ class Runner:
         while True:
             await asyncio.sleep(0.25)
             for live in list(self._live.values()):
-                await self._flush(live)
-
-    async def _flush(self, live: _Live) -> None:
-        steps = live.ctx.take_steps()
-        if not steps:
-            return
-        try:
-            await self.store.add_steps(live.ctx.attempt_id, steps)
-        except (Conflict, NotFound):
-            pass  # the attempt no longer owns the rollout: its steps are refused, as they must be
-        except RollfleetError as exc:
-            log.warning(
-                "%s: steps for %s not saved: %s", self.worker_id, live.rollout.rollout_id, exc
-            )
+                await self._recorder.flush(live.rollout, live.ctx)
 
     async def _drain(self) -> None:
         """Give the running rollouts ``grace_s`` to end (none after a second stop())."""

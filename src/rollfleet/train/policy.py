@@ -6,7 +6,7 @@ transformers loads a GGUF with its GGUF loader (the ``gguf`` package): the bundl
 are dequantized to float32, 134.5M parameters, ~25 s on 2 cores. A transformers model directory
 (``config.json`` and weights) loads with ``from_pretrained``, in float32, with its own tokenizer.
 Nothing is downloaded. The ``state_dict`` carries transformers' names, which is what
-:func:`rollfleet.engines.weights.push_weights` sends and every engine takes (llama.cpp writes
+:func:`rollfleet.engines.weights.push.push_weights` sends and every engine takes (llama.cpp writes
 them back into the GGUF it serves).
 """
 
@@ -96,8 +96,8 @@ def check_model(path: Path, engine: str) -> None:
     """Refuse a ``--model`` the trainer cannot load or ``engine`` (llamacpp or hf) cannot serve
     and take weights into, before anything is written. llama.cpp serves GGUF files only, and
     the trainer's weights reach it through a GGUF written with the served one's metadata
-    (:mod:`rollfleet.engines.gguf_export`: a llama GGUF); transformers renders the agents' chat
-    messages with the tokenizer's chat template."""
+    (:mod:`rollfleet.engines.weights.gguf_export`: a llama GGUF); transformers renders the
+    agents' chat messages with the tokenizer's chat template."""
     found = model_format(path)
     if found == HF and engine == "llamacpp":
         raise InvalidInput(
@@ -112,7 +112,7 @@ def check_model(path: Path, engine: str) -> None:
             " (chat_template.jinja)"
         )
     if found == GGUF and engine == "llamacpp":
-        from rollfleet.engines.gguf_export import read_base
+        from rollfleet.engines.weights.gguf_export import read_base
         from rollfleet.errors import EngineError
 
         try:
@@ -140,7 +140,7 @@ def load_policy(path: str | Path | None = None) -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rollfleet.engines.llamacpp_model import bundled_gguf
+    from rollfleet.engines.llamacpp.model import bundled_gguf
 
     source = Path(path) if path else bundled_gguf()
     where, more = (
@@ -367,9 +367,9 @@ async def publish(
     merged q/v matrices as a delta against ``base``, the version they serve. A step that
     changed nothing (``changed`` False) sends no tensor: the engines serve the same weights as
     ``version``."""
-    from rollfleet.engines.gateway import Gateway
-    from rollfleet.engines.lora import peft_adapter
-    from rollfleet.engines.weights import push_weights
+    from rollfleet.engines.gateway.gateway import Gateway
+    from rollfleet.engines.weights.lora import peft_adapter
+    from rollfleet.engines.weights.push import push_weights
 
     if not changed:
         await push_weights(gateway, [], version=version, token=token, delta=True, base=base)

@@ -95,7 +95,7 @@ class GuardConfig:
         return self.max_body, self.body_types
 
 
-# a weight push (rollfleet.engines.weights): one streamed body, capped there too
+# a weight push (rollfleet.engines.weights.wire): one streamed body, capped there too
 WEIGHTS_ROUTE = BodyRoute(
     "/v1/rollfleet/weights/", 256 * 1024 * MiB, frozenset({"application/octet-stream"})
 )

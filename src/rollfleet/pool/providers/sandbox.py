@@ -4,8 +4,8 @@ Each instance is a private directory; every run is a fresh process started in it
 bubblewrap (:mod:`.bwrap`: its own user, PID, network, IPC and mount namespaces, an unprivileged
 uid, read-only system files, no view of the host's files, processes or network), with CPU,
 address-space, file-size, open-file and process-count rlimits, a wall-clock timeout, capped output
-and a clean environment. Reset kills whatever still runs (the whole PID namespace goes with it)
-and empties the instance's directory.
+and a clean environment (those per-process pieces: :mod:`.sandbox_process`). Reset kills whatever
+still runs (the whole PID namespace goes with it) and empties the instance's directory.
 
 Where the host allows, the sandbox as a whole is capped too: a cgroup of its own
 (:mod:`.cgroup`: memory, tmpfs pages included, processes and CPU; a memory hog past the cap is
@@ -31,9 +31,7 @@ import functools
 import json
 import logging
 import os
-import resource
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -48,10 +46,8 @@ from rollfleet.pool.providers.bwrap import (
     bwrap_path,
     interpreter,
     mount_workdir,
-    namespace_pid,
     prepare_workdir,
     sandbox_uid,
-    seccomp_filter,
     tmpfs_refusal,
     unmount_workdir,
 )
@@ -61,6 +57,7 @@ from rollfleet.pool.providers.cgroup import (
     SandboxCgroup,
     detect,
 )
+from rollfleet.pool.providers.sandbox_process import Capture, Started, preexec, seccomp_pipe
 from rollfleet.pool.providers.sandbox_records import (
     RunResult,
     SandboxError,
@@ -70,74 +67,7 @@ from rollfleet.pool.providers.sandbox_records import (
 )
 
 JUDGE_SOURCE = Path(judge.__file__).read_text(encoding="utf-8")  # run with -c: nothing to bind
-SECCOMP_PROGRAM = seccomp_filter()  # this machine's; None where its architecture has none
 log = logging.getLogger("rollfleet.pool")
-
-
-def _preexec(limits: SandboxLimits, cgroup: SandboxCgroup | None) -> Callable[[], None]:
-    """The preexec function that moves the child into ``cgroup`` and applies ``limits`` before
-    it runs anything."""
-
-    def apply() -> None:
-        if cgroup is not None:
-            cgroup.join()
-        mem = limits.memory_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
-        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_mb * 1024 * 1024,) * 2)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files,) * 2)
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if limits.isolation == "none":  # under bwrap it is set inside, by prlimit
-            resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes,) * 2)
-        os.umask(0o077)
-
-    return apply
-
-
-class _Started:
-    """One started run, and how to kill everything it started."""
-
-    def __init__(self, proc: asyncio.subprocess.Process, info_fd: int | None) -> None:
-        self.proc, self.info_fd = proc, info_fd
-        self.inside: int | None = None  # the sandbox's PID 1, once bubblewrap has said it
-
-    def kill(self) -> None:
-        """SIGKILL the run's session and, under bubblewrap, its whole PID namespace.
-
-        The namespace outlives bubblewrap only when bubblewrap itself was killed: a bubblewrap
-        that exited by itself waited for the sandbox's PID 1 (whose number may be reused).
-        """
-        code = self.proc.returncode
-        if self.info_fd is not None and self.inside is None and (code is None or code < 0):
-            self.inside = namespace_pid(self.info_fd)
-        for kill, pid in ((os.kill, self.inside), (os.killpg, self.proc.pid)):
-            if pid is not None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    kill(pid, signal.SIGKILL)
-
-    def close(self) -> None:
-        """Release the info pipe."""
-        if self.info_fd is not None:
-            os.close(self.info_fd)
-            self.info_fd = None
-
-
-class _Capture:
-    """The first ``cap`` bytes of a stream, and whether any more were dropped."""
-
-    def __init__(self, cap: int) -> None:
-        self.cap, self.kept, self.dropped = cap, bytearray(), False
-
-    async def read(self, stream: asyncio.StreamReader | None) -> None:
-        """Read ``stream`` to its end."""
-        while stream is not None and (chunk := await stream.read(65536)):
-            room = self.cap - len(self.kept)
-            self.kept += chunk[:room]
-            self.dropped = self.dropped or len(chunk) > room
-
-    def text(self) -> str:
-        """What was kept, decoded."""
-        return self.kept.decode(errors="replace")
 
 
 class Sandbox:
@@ -160,7 +90,7 @@ class Sandbox:
         self.isolated = limits.isolation == "bwrap"
         self.uid = sandbox_uid(path) if uid is None else uid
         self.cgroup, self.mounted = cgroup, mounted
-        self._running: dict[int, _Started] = {}
+        self._running: dict[int, Started] = {}
         if self.isolated:
             self.interpreter, self._prefix = interpreter(limits.python)
             prepare_workdir(path, self.uid)
@@ -220,7 +150,7 @@ class Sandbox:
         timeout = timeout_s or self.limits.wall_s
         started = time.monotonic()
         info_read, info_write = os.pipe() if self.isolated else (None, None)
-        program = _seccomp_pipe() if self.isolated else None
+        program = seccomp_pipe() if self.isolated else None
         passed = tuple(fd for fd in (info_write, program) if fd is not None)
         ooms = self._ooms()
         try:
@@ -229,7 +159,7 @@ class Sandbox:
                 cwd=self.path,
                 env=self.env,
                 start_new_session=True,
-                preexec_fn=_preexec(self.limits, self.cgroup),
+                preexec_fn=preexec(self.limits, self.cgroup),
                 pass_fds=passed,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
@@ -244,8 +174,8 @@ class Sandbox:
         finally:
             for fd in passed:
                 os.close(fd)
-        run = self._running[proc.pid] = _Started(proc, info_read)
-        out, err = _Capture(self.limits.max_output_bytes), _Capture(self.limits.max_output_bytes)
+        run = self._running[proc.pid] = Started(proc, info_read)
+        out, err = Capture(self.limits.max_output_bytes), Capture(self.limits.max_output_bytes)
         readers = asyncio.gather(out.read(proc.stdout), err.read(proc.stderr))
         try:
             if stdin is not None and proc.stdin is not None:
@@ -374,20 +304,6 @@ class Sandbox:
         shutil.rmtree(self.path, ignore_errors=True)
         if failed:
             raise SandboxError(f"sandbox {self.path}: left behind: {failed}") from failed[0]
-
-
-def _seccomp_pipe() -> int | None:
-    """A pipe's read end holding the seccomp program, for bubblewrap's ``--seccomp`` (None on an
-    architecture the filter does not know: the sandbox then runs without one)."""
-    program = SECCOMP_PROGRAM
-    if program is None:
-        return None
-    read, write = os.pipe()
-    try:
-        os.write(write, program)  # a few hundred bytes: the pipe holds them all
-    finally:
-        os.close(write)
-    return read
 
 
 class SandboxProvider:

@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rollfleet.engines.base import Delta, FinishReason
-from rollfleet.engines.llamacpp_model import find_stop, sample
+from rollfleet.engines.llamacpp.model import find_stop, sample
 from rollfleet.engines.threaded import Pending
 from rollfleet.errors import EngineError, RollfleetError
 
 if TYPE_CHECKING:
-    from rollfleet.engines.hf import HFEngine
+    from rollfleet.engines.hf.engine import HFEngine
 
 log = logging.getLogger("rollfleet.engines")
 

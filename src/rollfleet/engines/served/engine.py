@@ -1,8 +1,8 @@
 """Engines that launch their own OpenAI-compatible server process (vLLM, SGLang).
 
-The launcher starts the server with :class:`rollfleet.engines.process.ServerProcess`
+The launcher starts the server with :class:`rollfleet.engines.served.process.ServerProcess`
 (health polling, start-up timeout that kills the child), then talks to it exactly like
-:class:`rollfleet.engines.openai_engine.OpenAIEngine`.
+:class:`rollfleet.engines.served.openai.OpenAIEngine`.
 
 Weight updates share two pieces here. :meth:`ServedEngine.checkpoint` writes named tensors
 that came over the wire as a one-file safetensors checkpoint in a new directory in shared
@@ -30,17 +30,26 @@ from typing import Any
 import httpx
 
 from rollfleet.engines.base import NamedTensors
-from rollfleet.engines.openai_engine import OpenAIEngine
-from rollfleet.engines.process import ServerProcess
-from rollfleet.engines.weights_wire import push_dir
+from rollfleet.engines.served.openai import OpenAIEngine
+from rollfleet.engines.served.process import ServerProcess
+from rollfleet.engines.weights.wire import push_dir
 from rollfleet.errors import EngineError
 
 CHECKPOINT_FILE = "model.safetensors"
 SAFETENSORS_DTYPES = {
-    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
-    "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2", "int64": "I64", "int32": "I32",
-    "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
-}  # fmt: skip
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "bool": "BOOL",
+}
 
 
 class ServedEngine(OpenAIEngine):

@@ -10,13 +10,13 @@ One push is one HTTP request (``PUT /v1/rollfleet/weights/{version}``, body
 A header is ``{"tensors": [[name, dtype, shape, nbytes], ...], "xxh3_64": int}``: the payload's
 XXH3-64 (a checksum at memory speed, ~20 GB/s, where zlib's CRC-32 ran at 1-4 GB/s), then trailing
 spaces, if any; its payload is the tensors' bytes back to back. The older ``RFW1`` format (a
-CRC-32) is refused, naming it. Buckets come from :func:`rollfleet.engines.buckets.bucket_tensors`,
-so neither side holds more than one bucket beyond the tensors themselves. Nothing is applied
-until the end marker arrives and every checksum matched: a trainer killed mid-push, a corrupt
-bucket or a refused tensor leaves every engine on its old weights, and the next push starts
-afresh (there is no upload state to clean up). On the same host the same bytes go to a sealed
-memfd and only its ``/proc/<pid>/fd/<fd>`` path travels (:func:`write_push_memfd`,
-:func:`mapped_push_memfd`).
+CRC-32) is refused, naming it. Buckets come from
+:func:`rollfleet.engines.weights.buckets.bucket_tensors`, so neither side holds more than one
+bucket beyond the tensors themselves. Nothing is applied until the end marker arrives and every
+checksum matched: a trainer killed mid-push, a corrupt bucket or a refused tensor leaves every
+engine on its old weights, and the next push starts afresh (there is no upload state to clean
+up). On the same host the same bytes go to a sealed memfd and only its ``/proc/<pid>/fd/<fd>``
+path travels (:func:`write_push_memfd`, :func:`mapped_push_memfd`).
 
 Every size a caller sets is capped (header, bucket, tensor count, total bytes), dtypes are an
 allow-list, and each tensor's byte count must equal its shape times its element size.
@@ -39,7 +39,7 @@ from typing import Any
 
 import xxhash
 
-from rollfleet.engines.buckets import bucket_tensors
+from rollfleet.engines.weights.buckets import bucket_tensors
 from rollfleet.errors import InvalidInput
 
 MAGIC = b"RFW2"
@@ -59,9 +59,17 @@ BASE_HEADER = "x-rollfleet-weights-base"
 LORA_HEADER = "x-rollfleet-weights-lora-alpha"  # the push is a LoRA adapter with this alpha
 MEMFD_PATH = re.compile(r"/proc/[1-9][0-9]{0,9}/fd/[0-9]{1,10}")  # what FILE_HEADER may name
 DTYPES = {
-    "float32": 4, "float16": 2, "bfloat16": 2, "float64": 8,
-    "int8": 1, "uint8": 1, "int16": 2, "int32": 4, "int64": 8, "bool": 1,
-}  # fmt: skip
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float64": 8,
+    "int8": 1,
+    "uint8": 1,
+    "int16": 2,
+    "int32": 4,
+    "int64": 8,
+    "bool": 1,
+}
 
 
 @dataclass(frozen=True, slots=True)

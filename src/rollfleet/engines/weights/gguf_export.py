@@ -14,7 +14,7 @@ transformers and exported here gives the same file layout back.
 
 Every tensor of the served model must arrive exactly once with its shape, or nothing is written
 and :class:`~rollfleet.errors.EngineError` names the tensor. A delta
-(:class:`~rollfleet.engines.weights.WeightsDelta`, or ``partial=True``) sends only some: the
+(:class:`~rollfleet.engines.base.WeightsDelta`, or ``partial=True``) sends only some: the
 others come from the served GGUF, as they are when they already have the type this export writes
 (later deltas: no rounding on top of rounding), else decoded and written as the tensors sent
 (a Q4_1 original becomes f16, as a full export of the same values would write it).
@@ -461,8 +461,8 @@ def export_gguf(
     finally:
         Path(part).unlink(missing_ok=True)
     seconds = time.perf_counter() - started
-    log.info("llamacpp: %d tensors (%d sent) exported as %s to %s in %.2fs",
-             len(tensors), sent, out_type, final, seconds)  # fmt: skip
+    what = f"{len(tensors)} tensors ({sent} sent) exported as {out_type}"
+    log.info("llamacpp: %s to %s in %.2fs", what, final, seconds)
     return Export(final, out_type, len(tensors), seconds)
 
 
@@ -477,7 +477,7 @@ async def weights_gguf(
     """The GGUF that holds ``weights`` and whether it was exported: a path as it is, named
     tensors written into ``directory`` with ``base``'s metadata (in a thread). ``base`` is the
     GGUF being served: a delta (``partial``; by default, whether ``weights`` is a
-    :class:`~rollfleet.engines.weights.WeightsDelta`) takes the weights it does not send from it."""
+    :class:`~rollfleet.engines.base.WeightsDelta`) takes the weights it does not send from it."""
     from rollfleet.engines.base import WeightsDelta
 
     if partial is None:

@@ -1,7 +1,7 @@
 """Hugging Face transformers engine (CPU or GPU), batched, with double-buffered weight updates.
 
 One worker thread owns the model. It decodes one left-padded batch token by token with the KV
-cache (:mod:`rollfleet.engines.hf_batch`), checking each row's abort flag between tokens;
+cache (:mod:`rollfleet.engines.hf.batch`), checking each row's abort flag between tokens;
 waiting requests join the batch between two steps, up to ``max_batch`` rows, and finished
 rows leave it. Weight updates are copied into a second copy of the model (the standby)
 while generation goes on, and the worker swaps the two between two decode steps, so no
@@ -29,12 +29,11 @@ from rollfleet.engines.base import (
     NamedTensors,
     WeightSource,
 )
-from rollfleet.engines.buckets import DEFAULT_BUCKET_BYTES
 from rollfleet.engines.continuation import continued_prompt
-from rollfleet.engines.hf_batch import DecodeBatch
+from rollfleet.engines.hf.batch import DecodeBatch
 from rollfleet.engines.threaded import STOP, Pending, ThreadedEngine
-from rollfleet.engines.tiny import tiny_hf_model as tiny_hf_model  # re-exported: its old home
 from rollfleet.engines.tool_calls import knows_tools, template_messages
+from rollfleet.engines.weights.buckets import DEFAULT_BUCKET_BYTES
 from rollfleet.errors import EngineError
 
 log = logging.getLogger("rollfleet.engines")
@@ -44,7 +43,7 @@ class HFEngine(ThreadedEngine):
     """transformers model served from one worker thread, with continuous batching."""
 
     name = "hf"
-    adapters = True  # applied by merging on the standby copy (rollfleet.engines.lora)
+    adapters = True  # applied by merging on the standby copy (rollfleet.engines.weights.lora)
 
     def __init__(
         self,
@@ -118,7 +117,7 @@ class HFEngine(ThreadedEngine):
         and the worker only swaps the two models; an update that has started runs to its end
         even if its caller is cancelled (the standby is never left half-written)."""
         from rollfleet.engines.base import WeightsDelta
-        from rollfleet.engines.lora import LoraAdapter
+        from rollfleet.engines.weights.lora import LoraAdapter
 
         if isinstance(weights, LoraAdapter):
             weights = await asyncio.to_thread(self._merged, weights)
@@ -149,7 +148,7 @@ class HFEngine(ThreadedEngine):
         import torch
 
         from rollfleet.engines.base import WeightsDelta
-        from rollfleet.engines.lora import pairs
+        from rollfleet.engines.weights.lora import pairs
 
         live = self.hf_model.state_dict(keep_vars=True)
         merged: dict[str, Any] = {}

@@ -1,11 +1,12 @@
 """Weights from a trainer to the gateway's engines: :func:`push_weights`, in process or over
-HTTP (the format, and the same-host memfd: :mod:`rollfleet.engines.weights_wire`).
+HTTP (the format, and the same-host memfd: :mod:`rollfleet.engines.weights.wire`).
 
 A push names every weight of the model, or is a *delta*: headers ``X-Rollfleet-Weights-Delta: 1``
-and ``X-Rollfleet-Weights-Base: N`` (in process: :class:`WeightsDelta`) say that it holds only
-some tensors, computed against weights version ``N``; the others keep their values. The gateway
-refuses a delta (409) unless every replica serves version ``N``. :func:`snapshot` and
-:func:`changed` find what to send: the tensors whose bytes differ from the last push.
+and ``X-Rollfleet-Weights-Base: N`` (in process:
+:class:`~rollfleet.engines.base.WeightsDelta`) say that it holds only some tensors, computed
+against weights version ``N``; the others keep their values. The gateway refuses a delta (409)
+unless every replica serves version ``N``. :func:`snapshot` and :func:`changed` find what to
+send: the tensors whose bytes differ from the last push.
 """
 
 from __future__ import annotations
@@ -15,24 +16,17 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from rollfleet.engines.base import WeightsDelta
-from rollfleet.engines.lora import LoraAdapter
-from rollfleet.engines.weights_wire import (
+from rollfleet.engines.weights.lora import LoraAdapter
+from rollfleet.engines.weights.wire import (
     BASE_HEADER,
     DELTA_HEADER,
     FILE_HEADER,
     JUMP_HEADER,
     LORA_HEADER,
-    MAGIC,
     PUSH_BUCKET_BYTES,
-    decode,
-    delta_base,
     dtype_name,
     encode,
-    mapped_push_memfd,
     memfd_path,
-    parse_header,
-    push_dir,
     raw_view,
     write_push_memfd,
 )
@@ -123,9 +117,9 @@ async def push_weights(
     computed against weights version ``base`` (required): the rest keep their values, and the
     gateway refuses with Conflict unless every replica serves ``base``. A gateway over HTTP
     refuses a version more than 1000 past the one it serves unless ``jump``. ``lora_alpha``
-    makes the tensors a LoRA adapter (:mod:`~rollfleet.engines.lora`), for gateways whose
+    makes the tensors a LoRA adapter (:mod:`~rollfleet.engines.weights.lora`), for gateways whose
     replicas all apply adapters."""
-    from rollfleet.engines.gateway import Gateway
+    from rollfleet.engines.gateway.gateway import Gateway
 
     if delta != (base is not None):
         raise InvalidInput(
@@ -192,7 +186,7 @@ async def _push_http(
 ) -> dict[str, Any]:
     from rich.progress import DownloadColumn, Progress, TransferSpeedColumn
 
-    from rollfleet.engines.buckets import tensor_nbytes
+    from rollfleet.engines.weights.buckets import tensor_nbytes
 
     size = sum(tensor_nbytes(t) for _, t in named)
     bar = Progress(
@@ -233,23 +227,4 @@ async def _put(
     return answer
 
 
-__all__ = [
-    "BASE_HEADER",
-    "DELTA_HEADER",
-    "FILE_HEADER",
-    "MAGIC",
-    "WeightsDelta",
-    "changed",
-    "decode",
-    "delta_base",
-    "encode",
-    "mapped_push_memfd",
-    "memfd_path",
-    "parse_header",
-    "push_dir",
-    "push_weights",
-    "snapshot",
-    "untied",
-    "weights_url",
-    "write_push_memfd",
-]
+__all__ = ["changed", "push_weights", "snapshot", "untied", "weights_url"]

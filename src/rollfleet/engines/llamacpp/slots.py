@@ -21,8 +21,8 @@ from rollfleet.engines.base import (
     StreamItem,
     WeightSource,
 )
-from rollfleet.engines.llamacpp import LlamaCppEngine
-from rollfleet.engines.llamacpp_model import bundled_gguf
+from rollfleet.engines.llamacpp.engine import LlamaCppEngine
+from rollfleet.engines.llamacpp.model import bundled_gguf
 
 
 class LlamaCppSlotsEngine(BaseEngine):

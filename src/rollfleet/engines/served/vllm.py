@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rollfleet.engines.base import WeightSource
-from rollfleet.engines.served import ServedEngine
+from rollfleet.engines.served.engine import ServedEngine
 
 
 class VLLMEngine(ServedEngine):

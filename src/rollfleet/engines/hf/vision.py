@@ -1,6 +1,6 @@
 """Vision-language models on the transformers engine (Idefics3 / SmolVLM), with image delta.
 
-:class:`HFVisionEngine` is :class:`~rollfleet.engines.hf.HFEngine` (the same worker thread,
+:class:`HFVisionEngine` is :class:`~rollfleet.engines.hf.engine.HFEngine` (the same worker thread,
 batching, streaming, log-probabilities, aborts and weight swaps) for a model that also takes
 images: a chat request's ``image_url`` parts become the processor's image tokens in the prompt,
 and at prefill the vision encoder's output is written over those tokens' embeddings.
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollfleet.engines.base import GenerationRequest, Message
-from rollfleet.engines.hf import HFEngine
+from rollfleet.engines.hf.engine import HFEngine
 from rollfleet.engines.images import ImageInput, is_image_part
 from rollfleet.errors import EngineError
 

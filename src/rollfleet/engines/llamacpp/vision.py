@@ -1,7 +1,7 @@
 """llama.cpp with a multimodal projector (``mmproj``): images through llama-cpp-python's MTMD
 chat handler.
 
-The batching :class:`~rollfleet.engines.llamacpp.LlamaCppEngine` drives ``llama_decode``
+The batching :class:`~rollfleet.engines.llamacpp.engine.LlamaCppEngine` drives ``llama_decode``
 itself and has no image path; without a projector it is not vision-capable and refuses images
 (HTTP 400). Given a projector file (the ``mmproj-*.gguf`` published beside a vision model's
 GGUF), :class:`LlamaCppVisionEngine` loads the model as a ``llama_cpp.Llama`` with
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rollfleet.engines.base import Delta, FinishReason, GenerationRequest, WeightSource
-from rollfleet.engines.llamacpp_model import bundled_gguf
+from rollfleet.engines.llamacpp.model import bundled_gguf
 from rollfleet.engines.threaded import STOP, Pending, ThreadedEngine
 from rollfleet.errors import EngineError
 

@@ -9,7 +9,7 @@ vLLM does (``prompt_token_ids``, ``choices[i].token_ids``) so agents can read th
 Chat messages may hold OpenAI ``image_url`` parts with data URLs; they are decoded and checked
 when the body is parsed and go only to replicas that see (:mod:`rollfleet.engines.images`):
 anything else is a 400 naming the part or the engine, before a stream starts. How bodies are
-read and answers shaped (the OpenAI wire format) is :mod:`rollfleet.engines.openai_wire`.
+read and answers shaped (the OpenAI wire format) is :mod:`rollfleet.engines.gateway.wire`.
 """
 
 from __future__ import annotations
@@ -25,9 +25,8 @@ import orjson
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from rollfleet.engines.gateway import Gateway
-from rollfleet.engines.images import BlobScope
-from rollfleet.engines.openai_wire import (
+from rollfleet.engines.gateway.gateway import Gateway
+from rollfleet.engines.gateway.wire import (
     GATEWAY_ERRORS,
     OpenAIErrorRoute,
     Shaper,
@@ -35,6 +34,7 @@ from rollfleet.engines.openai_wire import (
     events,
     parse_request,
 )
+from rollfleet.engines.images import BlobScope
 from rollfleet.errors import Conflict, InvalidInput, RollfleetError
 from rollfleet.web.capability import caller_check, operator_check
 from rollfleet.web.guard import GATEWAY_GUARD, GuardConfig, RequestGuard
@@ -128,15 +128,16 @@ def gateway_router(
 
     @router.put("/v1/rollfleet/weights/{version}", dependencies=operator)
     async def weights(version: int, request: Request) -> Response:
-        """Install new weights on every replica: the body is a push (rollfleet.engines.weights),
-        or the header X-Rollfleet-Weights-File names a sealed memfd a client on this host wrote
-        it to (/proc/<pid>/fd/<fd>); applied once it has all arrived intact; 409 for a version
-        that is not newer, or while another push is being received; 422 for one more than 1000
-        ahead unless X-Rollfleet-Weights-Jump: 1. X-Rollfleet-Weights-Delta: 1 with
-        X-Rollfleet-Weights-Base: N sends only some tensors, computed against version N: 409
-        unless every replica serves N. X-Rollfleet-Weights-Lora-Alpha: A makes it a LoRA
-        adapter (rollfleet.engines.lora): 422 unless every replica applies adapters."""
-        from rollfleet.engines.weights_wire import JUMP_HEADER, MAX_STEP
+        """Install new weights on every replica: the body is a push
+        (rollfleet.engines.weights.wire), or the header X-Rollfleet-Weights-File names a sealed
+        memfd a client on this host wrote it to (/proc/<pid>/fd/<fd>); applied once it has all
+        arrived intact; 409 for a version that is not newer, or while another push is being
+        received; 422 for one more than 1000 ahead unless X-Rollfleet-Weights-Jump: 1.
+        X-Rollfleet-Weights-Delta: 1 with X-Rollfleet-Weights-Base: N sends only some tensors,
+        computed against version N: 409 unless every replica serves N.
+        X-Rollfleet-Weights-Lora-Alpha: A makes it a LoRA adapter
+        (rollfleet.engines.weights.lora): 422 unless every replica applies adapters."""
+        from rollfleet.engines.weights.wire import JUMP_HEADER, MAX_STEP
 
         try:
             if not 0 < version < 2**63:
@@ -162,8 +163,8 @@ def gateway_router(
 
     async def _receive(version: int, request: Request) -> Response:
         """Read one push (body or memfd) and install it (RollfleetError when refused)."""
-        from rollfleet.engines.lora import LoraAdapter
-        from rollfleet.engines.weights_wire import (
+        from rollfleet.engines.weights.lora import LoraAdapter
+        from rollfleet.engines.weights.wire import (
             FILE_HEADER,
             decode,
             delta_base,

@@ -6,7 +6,7 @@ from typing import Any
 
 import httpx
 
-from rollfleet.engines.gateway_app import ATTEMPT_HEADER, ROLLOUT_HEADER
+from rollfleet.engines.gateway.app import ATTEMPT_HEADER, ROLLOUT_HEADER
 
 # No read timeout: a long generation must never be cut by a client default.
 LLM_TIMEOUT = httpx.Timeout(connect=30.0, read=None, write=60.0, pool=None)

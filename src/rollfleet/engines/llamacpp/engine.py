@@ -17,7 +17,7 @@ changed. ``interruptible=False`` makes a swap wait until the running requests en
 
 Quantization: a GGUF in a type whose CPU kernels batch badly (Q4_1, Q5_0, Q5_1, the bundled
 model's Q4_1 among them) is served from a Q8_0 copy made once and cached
-(:func:`~rollfleet.engines.llamacpp_model.batch_friendly`): 8 sequences decode 1.44x faster,
+(:func:`~rollfleet.engines.llamacpp.model.batch_friendly`): 8 sequences decode 1.44x faster,
 one sequence as fast. ``batch_quant=False`` serves the file as it is.
 
 Prefix cache: a finished sequence leaves its tokens in its slot's KV cache, and a new request goes
@@ -52,8 +52,7 @@ from rollfleet.engines.base import (
     WeightSource,
 )
 from rollfleet.engines.continuation import continued_prompt
-from rollfleet.engines.gguf_export import WeightUpdate, check_out_type, read_base, weights_gguf
-from rollfleet.engines.llamacpp_model import (
+from rollfleet.engines.llamacpp.model import (
     LlamaCppModel,
     TextDecoder,
     batch_friendly,
@@ -62,8 +61,14 @@ from rollfleet.engines.llamacpp_model import (
     gguf_cache_dir,
     sample,
 )
-from rollfleet.engines.lora import LoraAdapter, write_adapter_gguf
 from rollfleet.engines.threaded import STOP, Pending, ThreadedEngine
+from rollfleet.engines.weights.gguf_export import (
+    WeightUpdate,
+    check_out_type,
+    read_base,
+    weights_gguf,
+)
+from rollfleet.engines.weights.lora import LoraAdapter, write_adapter_gguf
 from rollfleet.errors import EngineError
 
 log = logging.getLogger("rollfleet.engines")
@@ -178,10 +183,11 @@ class LlamaCppEngine(ThreadedEngine):
 
     async def update_weights(self, weights: WeightSource, version: int | None = None) -> int:
         """Serve new weights: a GGUF path, or named tensors (transformers Llama names, torch or
-        numpy) written as a GGUF first (:mod:`~rollfleet.engines.gguf_export`) while generation
-        goes on; then the model is swapped between two decode steps and running requests go on:
-        their KV cache is prefilled again under the new weights and each result says where the
-        version changed (``interruptible=False``: the swap waits for them to finish).
+        numpy) written as a GGUF first (:mod:`~rollfleet.engines.weights.gguf_export`) while
+        generation goes on; then the model is swapped between two decode steps and running
+        requests go on: their KV cache is prefilled again under the new weights and each result
+        says where the version changed (``interruptible=False``: the swap waits for them to
+        finish).
 
         Bad tensors raise EngineError naming the tensor, and the old weights keep serving.
         Measured for SmolLM2-135M's state_dict on 2 shared cores: export 1.0-2.3 s (f16 or q8_0;
@@ -219,10 +225,10 @@ class LlamaCppEngine(ThreadedEngine):
         return new
 
     async def _update_adapter(self, adapter: LoraAdapter, version: int | None) -> int:
-        """Apply a LoRA adapter to the base model (:mod:`~rollfleet.engines.lora`): written as
-        a GGUF adapter while generation goes on, set between two decode steps, running requests
-        prefilled again under it. It replaces the adapter served before; an engine serving
-        pushed weights refuses it (they are not the base the adapter was trained on)."""
+        """Apply a LoRA adapter to the base model (:mod:`~rollfleet.engines.weights.lora`):
+        written as a GGUF adapter while generation goes on, set between two decode steps, running
+        requests prefilled again under it. It replaces the adapter served before; an engine
+        serving pushed weights refuses it (they are not the base the adapter was trained on)."""
         if self._exported is not None:
             raise EngineError(
                 f"llamacpp: a LoRA adapter applies to the base model, but this engine serves "

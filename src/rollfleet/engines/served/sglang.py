@@ -10,7 +10,7 @@ HTTP 200 on success and 400 on failure.
 
 * A checkpoint path goes to ``POST /update_weights_from_disk`` with ``model_path``.
 * Tensors, when ``sglang`` imports in this process, go bucket by bucket
-  (:mod:`rollfleet.engines.buckets`) to ``POST /update_weights_from_tensor``
+  (:mod:`rollfleet.engines.weights.buckets`) to ``POST /update_weights_from_tensor``
   (``serialized_named_tensors`` made by SGLang's own serializer, ``load_format``,
   ``flush_cache`` on the last bucket), the way verl feeds it.
 * Otherwise (the usual case: the gateway has no sglang) they are written as a safetensors
@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from rollfleet.engines.base import GenerationRequest, NamedTensors, WeightSource
-from rollfleet.engines.buckets import DEFAULT_BUCKET_BYTES, bucket_tensors
-from rollfleet.engines.served import ServedEngine
+from rollfleet.engines.served.engine import ServedEngine
+from rollfleet.engines.weights.buckets import DEFAULT_BUCKET_BYTES, bucket_tensors
 
 
 class SGLangEngine(ServedEngine):

@@ -1,7 +1,7 @@
 """The OpenAI wire format of the gateway: request bodies parsed and checked into
 :class:`~rollfleet.engines.base.GenerationRequest`, results shaped as chat or text completions
 (whole, or as server-sent event chunks), and errors in OpenAI's shape. The routes that use it are
-in :mod:`rollfleet.engines.gateway_app`.
+in :mod:`rollfleet.engines.gateway.app`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from rollfleet.engines.base import (
     Message,
     SamplingParams,
 )
-from rollfleet.engines.gateway import Gateway
+from rollfleet.engines.gateway.gateway import Gateway
 from rollfleet.engines.images import BlobSource, resolve_references
 from rollfleet.engines.tool_calls import ToolStream, forced_name, reads_calls, tool_names
 from rollfleet.errors import InvalidInput, RollfleetError

@@ -11,9 +11,9 @@ For llama.cpp the adapter becomes a GGUF adapter file (``general.type = adapter`
 ``adapter.type = lora``, ``adapter.lora.alpha``, tensors ``blk.N.attn_q.weight.lora_a`` and
 ``.lora_b``), loaded with ``llama_adapter_lora_init`` and set with ``llama_set_adapters_lora``;
 the rows of ``B`` for ``q_proj`` and ``k_proj`` are put in llama.cpp's rotary layout as the
-weights themselves are (:func:`~rollfleet.engines.gguf_export.permute_rotary`). Every pair is
-checked against the served model before anything is written: an unknown module, a shape that is
-not the module's, ranks that differ, a missing half or a value that is not finite is an
+weights themselves are (:func:`~rollfleet.engines.weights.gguf_export.permute_rotary`). Every pair
+is checked against the served model before anything is written: an unknown module, a shape that
+is not the module's, ranks that differ, a missing half or a value that is not finite is an
 :class:`~rollfleet.errors.EngineError` naming the tensor, and the served adapter stays.
 """
 
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from rollfleet.engines.gguf_export import (
+from rollfleet.engines.weights.gguf_export import (
     BaseGGUF,
     _float32,
     _gguf,

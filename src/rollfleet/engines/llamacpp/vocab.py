@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rollfleet.engines.base import FinishReason, GenerationRequest, SamplingParams
-from rollfleet.engines.llamacpp import prompt_ids, read_token
-from rollfleet.engines.llamacpp_model import (
+from rollfleet.engines.llamacpp.engine import prompt_ids, read_token
+from rollfleet.engines.llamacpp.model import (
     ChatTemplate,
     LlamaCppModel,
     TextDecoder,
