@@ -63,6 +63,8 @@ def headline() -> str:
     resume = _result("resume")
     res, rst = resume["sides"]["resume"], resume["sides"]["restart"]
     turns = resume["settings"]["turns"]
+    vs_trl = _result("train_vs_trl")
+    k1, trl = vs_trl["sides"]["k1"], vs_trl["sides"]["trl"]
     return "\n".join(
         [
             "| figure | rollfleet | baseline | ratio |",
@@ -82,6 +84,11 @@ def headline() -> str:
             f"{resume['tokens_resume_vs_restart']:.2f}× |",
             f"| the same runs' wall time, s | {res['seconds']['median']:.0f} | "
             f"{rst['seconds']['median']:.0f} | {resume['wall_resume_vs_restart']:.2f}× |",
+            f"| GRPO samples/s, bundled model, `rollfleet train` K=1 | "
+            f"{k1['samples_per_s']['median']:.2f} | {trl['samples_per_s']['median']:.2f} (TRL "
+            f"GRPOTrainer) | {k1['vs_trl']:.2f}× |",
+            f"| held-out reward after {vs_trl['settings']['steps']} steps, the same runs | "
+            f"{k1['heldout']['median']:.2f} | {trl['heldout']['median']:.2f} | |",
         ]
     )
 

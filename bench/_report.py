@@ -36,6 +36,7 @@ from bench._rows_model import (
     train_rows,
     train_sched_rows,
     train_step_rows,
+    train_vs_trl_rows,
     weights_delta_rows,
     weights_rows,
 )
@@ -131,6 +132,7 @@ SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
     ("train_step", train_step_rows),
     ("train", train_rows),
     ("train_agent", train_agent_rows),
+    ("train_vs_trl", train_vs_trl_rows),
     ("chaos", chaos_rows),
     ("resume", resume_rows),
     ("adapter_sync", adapter_sync_rows),

@@ -286,3 +286,38 @@ def tool_calls_rows(d: dict[str, Any]) -> list[str]:
         row("answer read for one tool call, shaped and recorded", paths["answer"]["one call"]),
         row(f"streamed answer ({stream[0]}: the most added of 4 texts)", stream[1]),
     ]
+
+
+def train_vs_trl_rows(d: dict[str, Any]) -> list[str]:
+    """``rollfleet train`` at K=0 and K=1 against TRL's GRPOTrainer, side by side."""
+    st, sides = d["settings"], d["sides"]
+    trl = sides["trl"]
+    what = (
+        f"GRPO on the bundled SmolLM2-135M, {st['steps']} steps x {st['tasks_per_step']} tasks x "
+        f"{st['group']} samples, {st['max_tokens']} tokens, LoRA r={st['lora']['r']} on q/v, the "
+        f"same tasks, prompts, reward and optimizer; TRL generates with transformers, rollfleet "
+        f"with llama.cpp; median [range] of {st['rounds']} alternating rounds"
+    )
+    rows = []
+    for key, name in (("k0", "K=0"), ("k1", "K=1")):
+        s = sides[key]
+        split = " / ".join(f"{s['split_s'][k]:.1f}" for k in ("generate_s", "train_s", "sync_s"))
+        trl_split = " / ".join(
+            f"{trl['split_s'][k]:.1f}" for k in ("generate_s", "train_s", "sync_s")
+        )
+        rows += [
+            f"| train vs TRL | samples/s, {what}; rollfleet train {name} | "
+            f"{spread(s['samples_per_s'], 2)} | {spread(trl['samples_per_s'], 2)} (TRL "
+            f"GRPOTrainer); steps that trained nothing (every group scored alike, so no "
+            f"backward pass): {s['untrained_steps']} of {len(s['samples']) * st['steps']} | "
+            f"{s['vs_trl']:.2f}× (goal 2×) |",
+            f"| train vs TRL | seconds a step (generate / train / sync), the same runs; {name} | "
+            f"{spread(s['step_s'])} ({split}) | {spread(trl['step_s'])} ({trl_split}) | "
+            f"{trl['step_s']['median'] / s['step_s']['median']:.2f}× faster |",
+            f"| train vs TRL | held-out greedy reward ({st['eval']['tasks']} tasks; untrained "
+            f"{d['untrained_heldout']['reward']:.2f}) after {st['steps']} steps / at the wall time "
+            f"of the round's fastest side, the same runs; {name} | "
+            f"{spread(s['heldout'], 2)} / {spread(s['heldout_at_budget'], 2)} | "
+            f"{spread(trl['heldout'], 2)} / {spread(trl['heldout_at_budget'], 2)} | |",
+        ]
+    return rows
