@@ -32,6 +32,7 @@ from rollfleet.client import HttpStore
 from rollfleet.errors import RollfleetError
 from rollfleet.model import RolloutConfig, RolloutSpec
 from rollfleet.runner.local import LocalFleet
+from rollfleet.runner.spec import LlmAccess
 from rollfleet.testing import ServeProcess
 
 SLEEP_AGENT = "rollfleet.agents.sleep"
@@ -206,14 +207,14 @@ async def run_chaos(options: ChaosOptions, workdir: Path, engine: Any = None) ->
     servers = [ServeProcess(f"sqlite:///{db}").start()]  # the last one is the one running
     tally: LlmTally | None = None
     try:
-        async with _llm_for(options, servers[0].url, engine) as (llm_args, llm_token, tally):
+        async with _llm_for(options, servers[0].url, engine) as (llm, llm_token, tally):
             fleet = LocalFleet(
                 servers[0].url,
                 agent,
                 n=options.runners,
                 concurrency=options.concurrency,
                 grace_s=5,
-                extra_args=llm_args,
+                llm=llm,
                 llm_token=llm_token,
             )
             seconds, kills, restarts = await _chaos(options, db, servers, specs, fleet, rng)
@@ -230,11 +231,11 @@ async def run_chaos(options: ChaosOptions, workdir: Path, engine: Any = None) ->
 @contextlib.asynccontextmanager
 async def _llm_for(
     options: ChaosOptions, store_url: str, engine: Any
-) -> AsyncIterator[tuple[list[str], str | None, LlmTally | None]]:
-    """The runners' options and LLM token for ``ctx.llm`` (none without ``llm``): a gateway over
+) -> AsyncIterator[tuple[LlmAccess, str | None, LlmTally | None]]:
+    """The runners' access and LLM token for ``ctx.llm`` (none without ``llm``): a gateway over
     ``engine`` (or the bundled model's, started here) recording to the store at ``store_url``."""
     if not (options.llm and options.turns):
-        yield [], None, None
+        yield LlmAccess(), None, None
         return
     from rollfleet.engines.gateway.app import running_gateway
     from rollfleet.engines.gateway.gateway import Gateway
@@ -253,7 +254,7 @@ async def _llm_for(
     secret = secrets.token_urlsafe(32)  # runners mint each attempt its capability from it
     try:
         async with running_gateway(gateway, token=secret) as url:
-            yield ["--llm-url", url, "--llm-mint"], secret, tally
+            yield LlmAccess(url=url, mint=True), secret, tally
     finally:
         await gateway.remove_replica(replica, abort=True, stop=own)
         await recorder_store.close()

@@ -1,8 +1,8 @@
 """``rollfleet run --store URL``: only enqueue and follow; runners elsewhere do the work.
 
 Everything is a separate process, as in distributed use: a control plane (``rollfleet
-serve``), a runner process with its own llama.cpp engine (``rollfleet.runner.child
---own-engine``), and the run command pointed at the control plane.
+serve``), a runner process with its own llama.cpp engine (``rollfleet.runner.child``, its
+spec's ``llm.own_engine``), and the run command pointed at the control plane.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from support import ServeProcess, require
 
+from rollfleet.runner.spec import LlmAccess, RunnerSpec
+
 pytestmark = pytest.mark.timeout(150)
 
 
@@ -29,15 +31,14 @@ def test_store_mode_enqueues_follows_and_writes_outputs(tmp_path: Path) -> None:
             sys.executable,
             "-m",
             "rollfleet.runner.child",
-            "--store",
-            server.url,
-            "--agent",
-            "rollfleet.agents.loop:agent",
-            "--worker-id",
-            "remote-0",
-            "--concurrency",
-            "2",
-            "--own-engine",
+            "--spec",
+            RunnerSpec(
+                store=server.url,
+                agent="rollfleet.agents.loop:agent",
+                worker_id="remote-0",
+                concurrency=2,
+                llm=LlmAccess(own_engine=True),
+            ).model_dump_json(),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from rollfleet.runner.local import LocalFleet
+from rollfleet.runner.spec import LlmAccess
 
 ROLLFLEET = str(Path(sys.executable).with_name("rollfleet"))
 
@@ -20,10 +21,11 @@ def test_runner_children_get_the_token_in_their_environment_not_their_argv() -> 
         n=1,
         token="s3cret-token",
         llm_token="sk-llm-key",
-        extra_args=["--llm-url", "http://127.0.0.1:2/v1"],
+        llm=LlmAccess(url="http://127.0.0.1:2/v1"),
     )
     argv = fleet._argv(fleet.children[0])
     assert not any("s3cret-token" in arg or "sk-llm-key" in arg for arg in argv)
+    assert "http://127.0.0.1:2/v1" in argv[-1]  # the spec travels on the command line
     assert fleet._env()["ROLLFLEET_TOKEN"] == "s3cret-token"
     assert fleet._env()["ROLLFLEET_LLM_TOKEN"] == "sk-llm-key"
 

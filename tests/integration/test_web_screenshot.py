@@ -20,7 +20,8 @@ from rollfleet.envs.web import WebMode, WebSite
 from rollfleet.envs.web_render import find_chromium
 from rollfleet.errors import PoolError
 from rollfleet.model import RolloutSpec, RolloutStatus
-from rollfleet.run.orchestrate import RunOptions, preflight
+from rollfleet.run.options import RunOptions
+from rollfleet.run.orchestrate import preflight
 from rollfleet.runner.runner import Runner
 from rollfleet.store import open_sql_store
 

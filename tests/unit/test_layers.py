@@ -18,7 +18,7 @@ ROOT = Path(rollfleet.__file__).parent
 
 # Lowest first. A module may import from its own layer and every layer before it.
 LAYERS: list[set[str]] = [
-    {"errors", "model", "taskfile", "aio", "stats", "refs"},
+    {"errors", "model", "taskfile", "aio", "stats", "refs", "flags"},
     {"web"},
     {"store"},
     {"server", "client"},

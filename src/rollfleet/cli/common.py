@@ -74,17 +74,6 @@ def fmt_age(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
-AGENT_HELP = (
-    "the agent every rollout runs: module:function or file.py:function, async (input, ctx); "
-    "what it asks ctx.llm is recorded, and trained on (default: the built-in loop agent)"
-)
-MODE_HELP = (
-    "a built-in mode (math, py, rag, web, osworld, lookup, reasoning-gym), an adapter "
-    "(openenv:URL, verifiers:module:factory), one a package registers, or module:factory / "
-    "file.py:factory for your own (docs/environments.md)"
-)
-
-
 def job_start(mode: str, verbose: bool) -> str:
     """What a job command (``run``, ``train``) checks and sets first: a ``--mode`` that loads
     (returned with a file path made absolute, as runner processes need it), and lifecycle logs

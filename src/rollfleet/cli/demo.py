@@ -14,10 +14,8 @@ from rich.table import Table
 
 from rollfleet.cli.common import console
 from rollfleet.cli.fleet_view import FleetView
-from rollfleet.client import connect
-from rollfleet.compose import control_plane_parts
+from rollfleet.run.stack import local_stack
 from rollfleet.runner.local import LocalFleet
-from rollfleet.server.embedded import ServerThread
 from rollfleet.taskfile import read_specs
 
 
@@ -32,12 +30,10 @@ def demo(
     home.mkdir(parents=True, exist_ok=True)
     for suffix in ("", "-wal", "-shm"):
         Path(f"{home}/demo.db{suffix}").unlink(missing_ok=True)
-    with ServerThread(f"sqlite:///{home}/demo.db", parts=control_plane_parts()) as server:
-        console.print(f"embedded store {home}/demo.db, control plane at {server.url}")
-        asyncio.run(_demo(server.url, n))
+    asyncio.run(_demo(home / "demo.db", n))
 
 
-async def _demo(url: str, n: int) -> None:
+async def _demo(db: Path, n: int) -> None:
     started: set[str] = set()
     ready = asyncio.Event()
     view = FleetView(console)
@@ -49,25 +45,22 @@ async def _demo(url: str, n: int) -> None:
             if len(started) == n:
                 ready.set()
 
-    console.print(f"▶ Initializing {n} workers…")
-    fleet = LocalFleet(url, "rollfleet.agents.echo", n=n, on_event=on_event)
-    run = asyncio.create_task(fleet.run())
-    store = connect(url)
-    try:
+    async with local_stack(db) as stack:
+        console.print(f"embedded store {db}, control plane at {stack.url}")
+        console.print(f"▶ Initializing {n} workers…")
+        stack.start_runners(LocalFleet(stack.url, "rollfleet.agents.echo", n=n, on_event=on_event))
         await asyncio.wait_for(ready.wait(), 120)
         tasks_file = resources.files("rollfleet.examples").joinpath("echo_tasks.jsonl")
         with resources.as_file(tasks_file) as path:
             specs = read_specs(path, mode="test")
         t0 = time.perf_counter()
-        rollouts = await store.enqueue_many(specs)
+        rollouts = await stack.store.enqueue_many(specs)
         console.print(f"✅ Created and enqueued {len(rollouts)} rollouts")
-        done = await store.wait_for_rollouts([r.rollout_id for r in rollouts], timeout=120)
+        ids = [r.rollout_id for r in rollouts]
+        done = await stack.store.wait_for_rollouts(ids, timeout=120)
         elapsed = time.perf_counter() - t0
-        fleet.stop()
-        await run
-        _summary(done, elapsed)
-    finally:
-        await store.close()
+        await stack.stop_runners(drain=True)
+    _summary(done, elapsed)
 
 
 def _summary(done: list, elapsed: float) -> None:  # type: ignore[type-arg]

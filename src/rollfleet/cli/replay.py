@@ -17,8 +17,8 @@ from rich.console import Console
 
 from rollfleet.cli.common import stderr_bar
 from rollfleet.errors import InvalidInput, RollfleetError, StoreUnavailable
+from rollfleet.run.options import DEFAULT_OUTPUT
 
-DEFAULT_OUTPUT = "results"  # as ``rollfleet run``'s
 PROGRESS_AFTER_S = 1.0  # a bar appears once the replay has taken this long
 
 
@@ -29,7 +29,7 @@ def store_of(store: str | None, output_dir: Path | None) -> str:
         raise InvalidInput("give --store or --output-dir, not both")
     if store is not None:
         return store
-    db = (output_dir or Path(DEFAULT_OUTPUT)) / "store.db"
+    db = (output_dir or DEFAULT_OUTPUT) / "store.db"
     if not db.is_file():
         raise InvalidInput(f"no {db}: --output-dir names the directory of a rollfleet run")
     return f"sqlite:///{db.resolve()}"

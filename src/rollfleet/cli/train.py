@@ -8,9 +8,9 @@ from pathlib import Path
 
 import typer
 
-from rollfleet.cli.common import AGENT_HELP, MODE_HELP, console, job_start
+from rollfleet.cli.common import console, job_start
 from rollfleet.refs import absolute
-from rollfleet.run.orchestrate import AGENT
+from rollfleet.run.options import AGENT, AGENT_HELP, MODE_HELP
 
 
 def train_command(

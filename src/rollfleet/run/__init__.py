@@ -3,6 +3,7 @@
 :func:`run` with :class:`RunOptions` is the whole command; see docs/run.md.
 """
 
-from rollfleet.run.orchestrate import RunOptions, run
+from rollfleet.run.options import RunOptions
+from rollfleet.run.orchestrate import run
 
 __all__ = ["RunOptions", "run"]

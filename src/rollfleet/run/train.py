@@ -20,35 +20,26 @@ batch whose training was cut short is trained on from the store (no sample lost 
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rollfleet.client import connect
 from rollfleet.coordinator import CoordinatorClient
 from rollfleet.coordinator.experiences import Experience, read_experiences
 from rollfleet.envs import get_mode
 from rollfleet.envs.base import Transcript, score_of, turn_reward
 from rollfleet.envs.tasks import load_tasks
 from rollfleet.errors import InvalidInput
-from rollfleet.model import RolloutStatus
-from rollfleet.run.orchestrate import (
-    RunOptions,
-    Startup,
-    control_plane_url,
-    preflight,
-    runner_fleet,
-    shared_llm,
-)
+from rollfleet.run.options import RunOptions
+from rollfleet.run.orchestrate import preflight, runner_fleet
 from rollfleet.run.outputs import claim_output_dir
+from rollfleet.run.stack import LocalStack, local_stack
 from rollfleet.run.tasks import build_specs
 from rollfleet.run.train_options import TrainOptions
 from rollfleet.train import checkpoint, report
@@ -96,7 +87,7 @@ async def train(opts: TrainOptions, console: Console) -> list[dict[str, Any]]:
     start = 0 if found is None else found.step + 1
     if found is not None:
         console.print(f"resuming after step {found.step} from {found.path}", soft_wrap=True)
-    async with embedded_fleet(run, opts, console) as fleet:
+    async with training_stack(run, opts, console) as fleet:
         console.print(
             f"control plane and dashboard (Batches: the steps): {fleet.url}", soft_wrap=True
         )
@@ -116,39 +107,20 @@ async def train(opts: TrainOptions, console: Console) -> list[dict[str, Any]]:
     return loop.records
 
 
-@dataclass(frozen=True)
-class Fleet:
-    """A training run's fleet, up: the control plane's URL, the gateway in this process, and
-    the task running the runners (done early only if they stopped)."""
-
-    url: str
-    gateway: Any
-    runners: asyncio.Task[Any]
-
-
 @asynccontextmanager
-async def embedded_fleet(
+async def training_stack(
     run: RunOptions, opts: TrainOptions, console: Console
-) -> AsyncIterator[Fleet]:
-    """Start what a training run generates with (the control plane on OUTPUT/store.db, the
-    shared engine behind the gateway, the runner processes), yield it, stop it all."""
-    async with control_plane_url(run, opts.output_dir / "experiences") as url:
-        store = connect(url)
-        try:
-            if run.store is None:  # attempts cut short by a kill: nobody holds them now
-                await store.requeue(statuses=[RolloutStatus.PREPARING, RolloutStatus.RUNNING])
-            engine = hf_engine(run.num_rollouts, opts.model) if opts.engine == "hf" else None
-            async with shared_llm(run, store, console, Startup(), engine) as llm:
-                runners = runner_fleet(url, run, llm)
-                running = asyncio.create_task(runners.run())
-                try:
-                    yield Fleet(url, llm.gateway, running)
-                finally:
-                    runners.stop()
-                    runners.stop()  # the second ends the runners' long-polls now (as run does)
-                    await running
-        finally:
-            await store.close()
+) -> AsyncIterator[LocalStack]:
+    """The local stack a training run generates with, up: the control plane on OUTPUT/store.db
+    (its experiences in OUTPUT/experiences), the shared engine behind the gateway (transformers
+    with ``--engine hf``), the runner processes."""
+    db = None if run.store is not None else run.output_dir / "store.db"
+    experiences = opts.output_dir / "experiences"
+    async with local_stack(db, url=run.store, token=run.token, experience_dir=experiences) as stack:
+        engine = hf_engine(run.num_rollouts, opts.model) if opts.engine == "hf" else None
+        llm = await stack.serve_llm(run, console, engine)
+        stack.start_runners(runner_fleet(stack.url, run, llm))
+        yield stack
 
 
 def hf_engine(slots: int, path: Path | None = None) -> Any:

@@ -12,7 +12,7 @@ from rollfleet.coordinator.advantages import check_estimator
 from rollfleet.coordinator.staleness import MAX_STALENESS_BOUND
 from rollfleet.envs import get_mode
 from rollfleet.errors import InvalidInput
-from rollfleet.run.orchestrate import AGENT, RunOptions
+from rollfleet.run.options import AGENT, RunOptions
 
 MAX_TURNS, MAX_EVAL_SAMPLES = 100, 64
 ENGINES = ("llamacpp", "hf")

@@ -24,12 +24,10 @@ from rich.console import Console
 from transformers import TrainerCallback
 
 from rollfleet.errors import InvalidInput, RollfleetError
-from rollfleet.run.orchestrate import (
-    RunOptions,
-    preflight,
-)
+from rollfleet.run.options import RunOptions
+from rollfleet.run.orchestrate import preflight
 from rollfleet.run.outputs import claim_output_dir
-from rollfleet.run.train import embedded_fleet
+from rollfleet.run.train import training_stack
 from rollfleet.run.train_options import TrainOptions
 from rollfleet.run.trl_rollout import (
     FleetRollout,
@@ -120,13 +118,15 @@ async def _serve(
     stop: asyncio.Event,
 ) -> None:
     """The embedded fleet of ``rollfleet train``, from start until ``stop`` is set."""
-    async with embedded_fleet(run, opts, console) as fleet:
+    async with training_stack(run, opts, console) as stack:
         stopped = asyncio.create_task(stop.wait())
-        up.set_result((fleet.url, fleet.gateway))
+        up.set_result((stack.url, stack.gateway))
+        runners = stack.runners
+        assert runners is not None  # training_stack started them
         try:
-            await asyncio.wait([fleet.runners, stopped], return_when=asyncio.FIRST_COMPLETED)
-            if fleet.runners.done():
-                fleet.runners.result()
+            await asyncio.wait([runners, stopped], return_when=asyncio.FIRST_COMPLETED)
+            if runners.done():
+                runners.result()
                 raise RollfleetError("the runner fleet stopped during training")
         finally:
             stopped.cancel()

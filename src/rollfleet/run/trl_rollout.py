@@ -28,7 +28,7 @@ from rollfleet.envs import get_mode
 from rollfleet.envs.tasks import load_tasks
 from rollfleet.errors import InvalidInput, RollfleetError
 from rollfleet.model import RolloutSpec
-from rollfleet.run.orchestrate import RunOptions
+from rollfleet.run.options import RunOptions
 from rollfleet.run.tasks import build_specs
 from rollfleet.train.policy import publish
 

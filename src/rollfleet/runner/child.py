@@ -1,7 +1,9 @@
-"""One runner process: ``python -m rollfleet.runner.child --store URL --agent REF …``.
+"""One runner process: ``python -m rollfleet.runner.child --spec JSON`` (a
+:class:`~rollfleet.runner.spec.RunnerSpec`; its tokens come from ``ROLLFLEET_TOKEN`` and
+``ROLLFLEET_LLM_TOKEN``, never from a command line).
 
 Prints one JSON line per lifecycle event on stdout (the launcher turns them into output);
-SIGTERM/SIGINT drains, a second signal (or SIGUSR1) releases everything at once (``--supervised``:
+SIGTERM/SIGINT drains, a second signal (or SIGUSR1) releases everything at once (``supervised``:
 SIGINT is left to the supervisor, which turns it into SIGTERM).
 
 Events travel on a private copy of the original stdout, written by a thread of their own: the
@@ -10,13 +12,10 @@ stderr, never the runner's leases), and a line is at most ``MAX_EVENT_BYTES`` (l
 event are trimmed). File descriptor 1 itself is pointed at stderr, so what an agent prints can
 never corrupt an event line.
 
-Optional: ``--llm-url`` gives every rollout ``ctx.llm`` (an OpenAI client tagged with its
-rollout and attempt; its API key from ``ROLLFLEET_LLM_TOKEN``, or with ``--llm-mint`` an attempt
-capability made from that rollfleet gateway token); ``--own-engine`` instead starts
-a private llama.cpp engine in this process (the seed's one-engine-per-process design, for
-comparisons); ``--env-spec JSON``
-(an :class:`rollfleet.envs.EnvSpec`) gives ``ctx.env``; ``--exit-with-parent`` stops the
-runner when the process that started it dies.
+The spec's ``llm`` gives every rollout ``ctx.llm``: an OpenAI client for ``url`` tagged with its
+rollout and attempt (its API key the LLM token, or with ``mint`` an attempt capability made from
+that rollfleet gateway token), or with ``own_engine`` a private llama.cpp engine in this process
+(one engine per process, for comparisons); ``env`` gives ``ctx.env``.
 """
 
 from __future__ import annotations
@@ -31,12 +30,16 @@ import signal
 import sys
 import threading
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
+
+from pydantic import ValidationError
 
 from rollfleet.client import connect
 from rollfleet.errors import AgentError, RollfleetError
 from rollfleet.model import Rollout
 from rollfleet.runner.runner import Runner
+from rollfleet.runner.spec import RunnerSpec
 
 MAX_EVENT_BYTES = 8 * 1024  # one event line at most (the supervisor skips longer ones anyway)
 MAX_FIELD_CHARS = 512  # a string longer than this in an over-long event is cut to this
@@ -178,17 +181,16 @@ async def own_engine(model: str | None, slots: int) -> AsyncIterator[str]:
 async def _watch_parent(parent: int, runner: Runner) -> None:
     while os.getppid() == parent:  # noqa: ASYNC110 - no event tells a process its parent died
         await asyncio.sleep(1.0)
-    runner.stop()
-    runner.stop()
+    runner.stop(drain=False)
 
 
-async def _serve(args: argparse.Namespace, llm_url: str | None) -> int:
+async def _serve(spec: RunnerSpec, tokens: Tokens, llm_url: str | None) -> int:
     env = None
-    if args.env_spec:
-        from rollfleet.envs import EnvSpec, build_env_source
+    if spec.env is not None:
+        from rollfleet.envs import build_env_source
 
-        env = build_env_source(EnvSpec.model_validate_json(args.env_spec), args.concurrency)
-    store = connect(args.store, token=args.token)
+        env = build_env_source(spec.env, spec.concurrency)
+    store = connect(spec.store, token=tokens.store)
     http = None
     if llm_url:
         from rollfleet.engines.gateway.client import SharedPool
@@ -197,18 +199,18 @@ async def _serve(args: argparse.Namespace, llm_url: str | None) -> int:
     try:
         runner = Runner(
             store,
-            args.agent,
-            worker_id=args.worker_id,
-            concurrency=args.concurrency,
-            grace_s=args.grace_s,
+            spec.agent,
+            worker_id=spec.worker_id,
+            concurrency=spec.concurrency,
+            grace_s=spec.grace_s,
             on_event=emit,
             env=env,
-            llm_factory=llm_factory(llm_url, args.llm_token, http, mint=args.llm_mint)
+            llm_factory=llm_factory(llm_url, tokens.llm, http, mint=spec.llm.mint)
             if llm_url
             else None,
         )
     except AgentError as exc:
-        emit("agent_error", worker_id=args.worker_id, error=str(exc))
+        emit("agent_error", worker_id=spec.worker_id, error=str(exc))
         await store.close()
         if http is not None:
             await http.shut()
@@ -217,13 +219,13 @@ async def _serve(args: argparse.Namespace, llm_url: str | None) -> int:
     loop.add_signal_handler(signal.SIGTERM, runner.stop)
     # SIGUSR1: release now. Two SIGTERMs sent back to back reach a process as one (a pending
     # signal is not queued twice), so a supervisor that wants "release now" sends this instead.
-    loop.add_signal_handler(signal.SIGUSR1, runner.release)
+    loop.add_signal_handler(signal.SIGUSR1, lambda: runner.stop(drain=False))
     # supervised: a terminal's Ctrl-C reaches the whole process group, and the supervisor turns
     # it into SIGTERM; acting on it too would make one Ctrl-C a second signal (release at once).
     # A handler, not SIG_IGN: what this runner starts gets the default disposition back at exec.
-    loop.add_signal_handler(signal.SIGINT, (lambda: None) if args.supervised else runner.stop)
+    loop.add_signal_handler(signal.SIGINT, (lambda: None) if spec.supervised else runner.stop)
     watcher = (
-        asyncio.create_task(_watch_parent(os.getppid(), runner)) if args.exit_with_parent else None
+        asyncio.create_task(_watch_parent(os.getppid(), runner)) if spec.exit_with_parent else None
     )
     try:
         await runner.run()
@@ -238,60 +240,56 @@ async def _serve(args: argparse.Namespace, llm_url: str | None) -> int:
     return 0
 
 
-async def main_async(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class Tokens:
+    """The secrets a runner process reads from its environment (never its command line)."""
+
+    store: str | None
+    llm: str | None
+
+    @classmethod
+    def take(cls) -> Tokens:
+        """Read them and remove them from the environment: nothing the agent starts inherits
+        them."""
+        return cls(
+            os.environ.pop("ROLLFLEET_TOKEN", None), os.environ.pop("ROLLFLEET_LLM_TOKEN", None)
+        )
+
+
+async def main_async(spec: RunnerSpec, tokens: Tokens) -> int:
     """Run one runner until signalled."""
-    if not args.own_engine:
-        return await _serve(args, args.llm_url)
+    if not spec.llm.own_engine:
+        return await _serve(spec, tokens, spec.llm.url)
     try:
-        async with own_engine(args.model_path, args.concurrency) as url:
-            return await _serve(args, url)
+        async with own_engine(spec.llm.model_path, spec.concurrency) as url:
+            return await _serve(spec, tokens, url)
     except RollfleetError as exc:
-        emit("agent_error", worker_id=args.worker_id, error=f"own engine: {exc}")
+        emit("agent_error", worker_id=spec.worker_id, error=f"own engine: {exc}")
         return 3
 
 
+def parse_spec(argv: list[str] | None = None) -> RunnerSpec:
+    """The ``--spec`` argument; a spec that does not validate exits 2 naming the field."""
+    parser = argparse.ArgumentParser(
+        prog="rollfleet-runner", description="one runner process (started by a fleet)"
+    )
+    parser.add_argument("--spec", required=True, help="a RunnerSpec as JSON")
+    raw = parser.parse_args(argv).spec
+    try:
+        return RunnerSpec.model_validate_json(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "spec"
+        parser.error(f"--spec: {field}: {first['msg']}")
+
+
 def main() -> None:
-    """Parse arguments and run."""
-    parser = argparse.ArgumentParser(prog="rollfleet-runner")
-    parser.add_argument("--store", required=True)
-    parser.add_argument("--agent", required=True)
-    parser.add_argument("--worker-id", required=True)
-    parser.add_argument("--concurrency", type=int, default=1)
-    parser.add_argument("--grace-s", type=float, default=30.0)
-    parser.add_argument(
-        "--token",
-        default=os.environ.get("ROLLFLEET_TOKEN"),
-        help="bearer token (default: ROLLFLEET_TOKEN; prefer it: a command line is world-readable)",
-    )
-    parser.add_argument("--llm-url", default=None, help="gateway base URL for ctx.llm")
-    parser.add_argument(
-        "--llm-token",
-        default=os.environ.get("ROLLFLEET_LLM_TOKEN"),
-        help="API key for --llm-url (default: ROLLFLEET_LLM_TOKEN; prefer it, as for --token)",
-    )
-    parser.add_argument(
-        "--llm-mint",
-        action="store_true",
-        help="--llm-token is a rollfleet gateway's token: give each attempt's ctx.llm a "
-        "capability made from it (recording to that attempt only), never the token",
-    )
-    parser.add_argument(
-        "--own-engine", action="store_true", help="start a private llama.cpp engine for ctx.llm"
-    )
-    parser.add_argument(
-        "--model-path", default=None, help="GGUF for --own-engine (default: the bundled model)"
-    )
-    parser.add_argument("--env-spec", default=None, help="JSON EnvSpec for ctx.env")
-    parser.add_argument("--exit-with-parent", action="store_true")
-    parser.add_argument(
-        "--supervised", action="store_true", help="SIGINT is left to the supervisor"
-    )
-    args = parser.parse_args()
-    for name in ("ROLLFLEET_TOKEN", "ROLLFLEET_LLM_TOKEN"):  # read: nothing the agent starts
-        os.environ.pop(name, None)  # inherits them
+    """Parse the spec and run."""
+    spec = parse_spec()
+    tokens = Tokens.take()
     pipe = take_stdout_for_events()
     try:
-        code = asyncio.run(main_async(args))
+        code = asyncio.run(main_async(spec, tokens))
     finally:
         pipe.flush(2.0)  # the last events (worker_stopped) if the launcher still reads
     raise SystemExit(code)

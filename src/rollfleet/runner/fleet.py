@@ -34,8 +34,8 @@ class RunnerFleet(Protocol):
     async def run(self) -> None:
         """Run the runners until stopped."""
 
-    def stop(self) -> None:
-        """Drain every runner: running rollouts finish, the rest go back to the queue."""
+    def stop(self, *, drain: bool = True) -> None:
+        """Stop every runner: running rollouts finish (``drain``) or go back to the queue now."""
 
 
 def make_fleet(

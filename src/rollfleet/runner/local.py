@@ -5,13 +5,16 @@ line over ``MAX_LINE_BYTES``, one that is not JSON or not an event, or an ``on_e
 raises is skipped and logged, never the end of the reader. A child's exit is noticed whether or
 not its pipe is drained or still held open.
 
+Each child gets one :class:`~rollfleet.runner.spec.RunnerSpec` (``--spec JSON``); the tokens
+travel in its environment.
+
 Stopping: ``stop()`` sends every child SIGTERM (it drains: running rollouts get ``grace_s``), and
-a child still running ``grace_s + RELEASE_S`` later is killed. A second ``stop()`` sends SIGUSR1
-(children release everything at once; a second SIGTERM could merge with a first one still
-pending) and kills ``RELEASE_S`` later; a third kills now.
-Children run with ``--supervised`` (they leave SIGINT to the supervisor: a terminal's Ctrl-C
+a child still running ``grace_s + RELEASE_S`` later is killed. ``stop(drain=False)``, or a second
+``stop()``, sends SIGUSR1 (children release everything at once; a second SIGTERM could merge with
+a first one still pending) and kills ``RELEASE_S`` later; a further call kills now.
+Children run ``supervised`` (they leave SIGINT to the supervisor: a terminal's Ctrl-C
 reaches the whole process group, and the supervisor decides what they get) and with
-``--exit-with-parent`` (they stop if the supervisor dies). They stay in the supervisor's process
+``exit_with_parent`` (they stop if the supervisor dies). They stay in the supervisor's process
 group, so signalling that group still reaches every one of them.
 """
 
@@ -25,9 +28,12 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from rollfleet.envs import EnvSpec
+from rollfleet.runner.spec import LlmAccess, RunnerSpec
 
 log = logging.getLogger("rollfleet.runner")
 EventFn = Callable[[dict[str, Any]], None]
@@ -137,14 +143,20 @@ class LocalFleet:
         llm_token: str | None = None,
         grace_s: float = 30.0,
         on_event: EventFn | None = None,
-        extra_args: Sequence[str] = (),
+        llm: LlmAccess | None = None,
+        env: EnvSpec | None = None,
     ) -> None:
-        self.store_url = store_url
-        self.extra_args = list(
-            extra_args
-        )  # more rollfleet.runner.child options (--llm-url, --env-spec…)
-        self.agent = agent
-        self.concurrency = concurrency
+        self.spec = RunnerSpec(  # each child's, under its own worker id
+            store=store_url,
+            agent=agent,
+            worker_id=prefix,
+            concurrency=concurrency,
+            grace_s=grace_s,
+            llm=llm or LlmAccess(),
+            env=env,
+            exit_with_parent=True,
+            supervised=True,
+        )
         self.token = token
         self.llm_token = llm_token
         self.grace_s = grace_s
@@ -157,25 +169,8 @@ class LocalFleet:
         self.agent_error: str | None = None
 
     def _argv(self, child: _Child) -> list[str]:
-        argv = [
-            sys.executable,
-            "-m",
-            "rollfleet.runner.child",
-            "--store",
-            self.store_url,
-            "--agent",
-            self.agent,
-            "--worker-id",
-            child.worker_id,
-            "--concurrency",
-            str(self.concurrency),
-            "--grace-s",
-            str(self.grace_s),
-        ]
-        extra = [*self.extra_args, "--supervised"]
-        if "--exit-with-parent" not in extra:
-            extra.append("--exit-with-parent")
-        return argv + extra
+        spec = self.spec.model_copy(update={"worker_id": child.worker_id})
+        return [sys.executable, "-m", "rollfleet.runner.child", "--spec", spec.model_dump_json()]
 
     def _env(self) -> dict[str, str]:
         """The children's environment: the tokens travel here, never on a command line (which
@@ -327,9 +322,10 @@ class LocalFleet:
                     with contextlib.suppress(ProcessLookupError):
                         child.proc.kill()
 
-    def stop(self) -> None:
-        """Ask every runner to drain and exit; again to release at once; a third time, kill."""
-        self._stops += 1
+    def stop(self, *, drain: bool = True) -> None:
+        """Stop every runner. ``drain``: running rollouts get ``grace_s`` to finish; without it
+        they are released now. Each further call escalates: release now, then kill."""
+        self._stops = self._stops + 1 if drain else max(self._stops + 1, 2)
         now = time.monotonic()
         if self._stops == 1:
             self._kill_at = now + self.grace_s + RELEASE_S

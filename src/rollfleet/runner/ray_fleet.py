@@ -155,10 +155,10 @@ class RunnerActor:
 
         return str(ray.get_runtime_context().get_node_id())
 
-    def stop(self, timeout: float = 60.0) -> bool:
-        """Drain the runner and wait for it to stop."""
+    def stop(self, timeout: float = 60.0, drain: bool = True) -> bool:
+        """Stop the runner (``drain``: running rollouts finish first) and wait for it."""
         if self._loop is not None and self._runner is not None:
-            self._loop.call_soon_threadsafe(self._runner.stop)
+            self._loop.call_soon_threadsafe(lambda: self._runner.stop(drain=drain))
         return self._done.wait(timeout)
 
 
@@ -202,6 +202,7 @@ class RayFleet:
         self.on_event = on_event or (lambda e: None)
         self.actors: dict[str, Any] = {}
         self._stopping = asyncio.Event()
+        self._drain = True
         self.agent_error: str | None = None
         self._connected = False  # this fleet called ray.init, so it disconnects at the end
 
@@ -260,7 +261,7 @@ class RayFleet:
 
     def _shutdown(self) -> None:
         ray = self._ray
-        refs = [a.stop.remote(self.grace_s + 10) for a in self.actors.values()]
+        refs = [a.stop.remote(self.grace_s + 10, self._drain) for a in self.actors.values()]
         with contextlib.suppress(Exception):
             ray.get(refs, timeout=self.grace_s + 30)
         for worker_id, actor in self.actors.items():
@@ -268,6 +269,7 @@ class RayFleet:
                 ray.kill(actor, no_restart=True)
             self.on_event({"event": "worker_stopped", "worker_id": worker_id})
 
-    def stop(self) -> None:
-        """Ask every runner actor to drain and exit."""
+    def stop(self, *, drain: bool = True) -> None:
+        """Ask every runner actor to exit (``drain``: running rollouts finish first)."""
+        self._drain = self._drain and drain
         self._stopping.set()

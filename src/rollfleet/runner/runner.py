@@ -108,19 +108,16 @@ class Runner:
 
     # --- control --------------------------------------------------------------------------------
 
-    def stop(self) -> None:
-        """First call: drain (finish within grace_s, then release). Second call: release now."""
-        if self._stopping.is_set():
+    def stop(self, *, drain: bool = True) -> None:
+        """Claim nothing more. ``drain``: running rollouts get grace_s to finish, then are
+        released; without it (or when already stopping) they are released now."""
+        release = self._stopping.is_set() or not drain
+        self._stopping.set()
+        if release:
             self._aborting = True
             self._aborted.set()
             self._release_all()
-        self._stopping.set()
         self._wake.set()
-
-    def release(self) -> None:
-        """Stop and release everything now (stop() twice)."""
-        self.stop()
-        self.stop()
 
     @property
     def active(self) -> int:
