@@ -129,7 +129,7 @@ def pool_rows(d: dict[str, Any]) -> list[str]:
     return [
         f"| pools | tasks/s, N=5 sharing M=3, task {c['task_s']} s + reset {c['reset_s']} s | "
         f"{c['rollfleet_tasks_per_s']:.2f} ({100 * c['rollfleet_vs_bound']:.1f}% of the bound) | "
-        f"{c['global_lock_tasks_per_s']:.2f} (the seed's global lock) | {c['rollfleet_vs_global_lock']:.1f}× |"
+        f"{c['global_lock_tasks_per_s']:.2f} (one global lock around the pool) | {c['rollfleet_vs_global_lock']:.1f}× |"
     ]
 
 

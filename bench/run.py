@@ -40,7 +40,7 @@ SIDES: dict[str, list[str]] = {
     "rollfleet run, 8 at once (demo)": ["--num-rollouts", "8"],
     "rollfleet run, 8 at once, --keep-quant (Q4_1)": ["--num-rollouts", "8", "--keep-quant"],
     "rollfleet run, 1 at a time": ["--num-rollouts", "1"],
-    "seed design: 4 runners, engine per process": ["--num-rollouts", "4", "--engine-per-runner"],
+    "4 runners, an engine per runner process": ["--num-rollouts", "4", "--engine-per-runner"],
 }
 
 
