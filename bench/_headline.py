@@ -45,7 +45,7 @@ def demo() -> str:
         f"at {ours['tokens_per_s']['median']:.0f} tokens/s "
         f"({ours['tokens_per_s_vs_naive']:.2f}×), and one rollout at a time "
         f"{one['tokens_per_s_vs_naive']:.2f}× (the `run` rows in "
-        "[docs/performance.md](docs/performance.md))."
+        "[docs/benchmarks.md](docs/benchmarks.md))."
     )
 
 
