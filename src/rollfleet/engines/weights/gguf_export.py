@@ -434,7 +434,7 @@ def export_gguf(
 
     The file appears whole or not at all (written as ``*.part``, then renamed). SmolLM2-135M's
     273-tensor ``state_dict`` on 2 shared cores: 1.0 s as f16, 1.2 s as q8_0 (4.0 / 3.7 s for the
-    first, which reads the base's metadata); docs/engines.md, "Weights into llama.cpp".
+    first, which reads the base's metadata); docs/engines/llamacpp.md, "Weights into llama.cpp".
     """
     started = time.perf_counter()
     check_out_type(out_type)
