@@ -131,7 +131,9 @@ async def test_two_actors_drain_and_a_killed_actor_is_requeued(
 async def test_an_actor_that_crashes_at_start_is_backed_off(
     ray_cluster: None, tmp_path: Path
 ) -> None:
+    from rollfleet.runner.process import Tokens
     from rollfleet.runner.ray_fleet import STATE_PREFIX, runner_actor_class
+    from rollfleet.runner.spec import RunnerSpec
 
     class CrashesOnLoad:  # a local class: Ray ships it by value; building it kills the process
         def __init__(self) -> None:
@@ -142,7 +144,8 @@ async def test_an_actor_that_crashes_at_start_is_backed_off(
 
     server = ServeProcess(f"sqlite:///{tmp_path}/ray.db").start()
     store = HttpStore(server.url)
-    actor = runner_actor_class(0).remote(server.url, CrashesOnLoad, "crasher", 1, None, 1.0)
+    spec = RunnerSpec(store=server.url, agent="crashes:on_load", worker_id="crasher", grace_s=1.0)
+    actor = runner_actor_class(0).remote(spec, Tokens(), CrashesOnLoad)
     seen: dict[int, float] = {}  # restarts in a row -> when that incarnation started (wall clock)
     try:
 

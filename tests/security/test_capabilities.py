@@ -23,7 +23,7 @@ from rollfleet.compose import EngineOptions, control_plane_parts
 from rollfleet.engines.gateway.client import llm_client
 from rollfleet.errors import Forbidden, Unauthorized
 from rollfleet.model import Rollout, StepIn
-from rollfleet.runner.child import llm_factory
+from rollfleet.runner.process import llm_factory
 from rollfleet.server.embedded import ServerThread
 from rollfleet.web import capability
 

@@ -12,12 +12,14 @@ import time
 import typer
 from rich.live import Live
 
-from rollfleet.cli.common import StoreOpt, TokenOpt, console, store_url, token_of
+from rollfleet.cli.common import StoreOpt, TokenOpt, console, job_start, store_url, token_of
 from rollfleet.cli.fleet_view import FleetView, summary_line
 from rollfleet.client import connect
 from rollfleet.compose import control_plane_parts
+from rollfleet.envs import EnvSpec
 from rollfleet.runner.agent import load_agent
 from rollfleet.runner.fleet import BACKENDS, FleetOptions, make_fleet
+from rollfleet.runner.spec import LlmAccess
 from rollfleet.server.embedded import ServerThread
 
 STATS_TIMEOUT_S = 2.0  # the live summary's statistics call; a slow store only skips an update
@@ -43,6 +45,28 @@ def workers(
         help="worker ids are PREFIX-0 … PREFIX-(n-1) (default: this host's name); a worker id must"
         " name one runner process in the whole fleet",
     ),
+    llm_url: str = typer.Option(
+        None,
+        "--llm-url",
+        help="an OpenAI-compatible base URL that gives every rollout ctx.llm (e.g. the control "
+        "plane's gateway: URL/v1)",
+    ),
+    llm_token: str = typer.Option(
+        None,
+        "--llm-token",
+        envvar="ROLLFLEET_LLM_TOKEN",
+        help="API key for --llm-url (default with --llm-mint: the --token); runners get it in "
+        "their environment, never on a command line",
+    ),
+    llm_mint: bool = typer.Option(
+        False,
+        "--llm-mint",
+        help="--llm-url is a rollfleet gateway: give each attempt a capability made from the "
+        "token (its calls are recorded to that attempt only), never the token",
+    ),
+    mode: str = typer.Option(
+        None, "--mode", help="give every rollout ctx.env as this mode's environment"
+    ),
     store: str = StoreOpt,
     token: str = TokenOpt,
 ) -> None:
@@ -65,6 +89,8 @@ def workers(
     console.print(
         f"▶ Initializing {n} workers ({backend}, concurrency {concurrency}) — agent {agent}"
     )
+    if llm_mint and llm_url is None:
+        raise typer.BadParameter("--llm-mint needs --llm-url")
     options = FleetOptions(
         url,
         agent,
@@ -76,6 +102,9 @@ def workers(
         cpus_per_runner=cpus_per_runner,
         grace_s=grace_s,
         prefix=prefix,
+        llm=LlmAccess(url=llm_url, mint=llm_mint) if llm_url else None,
+        llm_token=llm_token or (tok if llm_mint else None),
+        env=EnvSpec(mode=job_start(mode, True)) if mode else None,
     )
     try:
         asyncio.run(_run(options))

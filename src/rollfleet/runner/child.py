@@ -22,22 +22,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import queue
 import signal
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
-from rollfleet.client import connect
-from rollfleet.errors import AgentError, RollfleetError
-from rollfleet.model import Rollout
+from rollfleet.errors import AgentError
+from rollfleet.runner.process import Tokens, spec_runner
 from rollfleet.runner.runner import Runner
 from rollfleet.runner.spec import RunnerSpec
 
@@ -136,136 +132,39 @@ def emit(event: str, **fields: Any) -> None:
         sys.stdout.flush()
 
 
-def llm_factory(
-    url: str, token: str | None, http: Any, mint: bool = False
-) -> Callable[[Rollout], Any]:
-    """``ctx.llm`` for each rollout: an OpenAI client for ``url`` tagged with its ids, all of
-    them on the one connection pool ``http``, with ``token`` as its API key; with ``mint``,
-    ``token`` is the rollfleet gateway's and the client holds an attempt capability made from
-    it instead (:mod:`rollfleet.web.capability`)."""
-    from rollfleet.engines.gateway.client import llm_client
-    from rollfleet.web import capability
-
-    def make(rollout: Rollout) -> Any:
-        assert rollout.attempt is not None
-        attempt_id = rollout.attempt.attempt_id
-        key = token
-        if mint and token is not None:
-            ttl = capability.attempt_ttl(rollout.config.timeout_s)
-            key = capability.mint(token, rollout.rollout_id, attempt_id, ttl)
-        return llm_client(url, rollout.rollout_id, attempt_id, token=key, http_client=http)
-
-    return make
-
-
-@contextlib.asynccontextmanager
-async def own_engine(model: str | None, slots: int) -> AsyncIterator[str]:
-    """A private llama.cpp engine and gateway in this process; yields the gateway URL."""
-    from rollfleet.engines.gateway.app import running_gateway
-    from rollfleet.engines.gateway.gateway import Gateway
-    from rollfleet.engines.llamacpp.engine import LlamaCppEngine
-
-    engine = LlamaCppEngine(
-        model, slots=max(1, slots), threads=max(1, len(os.sched_getaffinity(0)) - 1)
-    )
-    await engine.start()
-    gateway = Gateway()
-    gateway.add_replica(engine)
-    try:
-        async with running_gateway(gateway) as url:
-            yield url
-    finally:
-        await gateway.close()
-
-
 async def _watch_parent(parent: int, runner: Runner) -> None:
     while os.getppid() == parent:  # noqa: ASYNC110 - no event tells a process its parent died
         await asyncio.sleep(1.0)
     runner.stop(drain=False)
 
 
-async def _serve(spec: RunnerSpec, tokens: Tokens, llm_url: str | None) -> int:
-    env = None
-    if spec.env is not None:
-        from rollfleet.envs import build_env_source
-
-        env = build_env_source(spec.env, spec.concurrency)
-    store = connect(spec.store, token=tokens.store)
-    http = None
-    if llm_url:
-        from rollfleet.engines.gateway.client import SharedPool
-
-        http = SharedPool()
+async def _serve(spec: RunnerSpec, tokens: Tokens) -> int:
     try:
-        runner = Runner(
-            store,
-            spec.agent,
-            worker_id=spec.worker_id,
-            concurrency=spec.concurrency,
-            grace_s=spec.grace_s,
-            on_event=emit,
-            env=env,
-            llm_factory=llm_factory(llm_url, tokens.llm, http, mint=spec.llm.mint)
-            if llm_url
-            else None,
-        )
-    except AgentError as exc:
+        async with spec_runner(spec, tokens, on_event=emit) as runner:
+            loop = asyncio.get_running_loop()
+            loop.add_signal_handler(signal.SIGTERM, runner.stop)
+            # SIGUSR1: release now. Two SIGTERMs sent back to back reach a process as one (a
+            # pending signal is not queued twice), so a supervisor that wants "release now"
+            # sends this instead.
+            loop.add_signal_handler(signal.SIGUSR1, lambda: runner.stop(drain=False))
+            # supervised: a terminal's Ctrl-C reaches the whole process group, and the
+            # supervisor turns it into SIGTERM; acting on it too would make one Ctrl-C a second
+            # signal (release at once). A handler, not SIG_IGN: what this runner starts gets the
+            # default disposition back at exec.
+            quiet = spec.supervised
+            loop.add_signal_handler(signal.SIGINT, (lambda: None) if quiet else runner.stop)
+            watcher = None
+            if spec.exit_with_parent:
+                watcher = asyncio.create_task(_watch_parent(os.getppid(), runner))
+            try:
+                await runner.run()
+            finally:
+                if watcher is not None:
+                    watcher.cancel()
+    except AgentError as exc:  # the agent, or the runner's own engine, did not start
         emit("agent_error", worker_id=spec.worker_id, error=str(exc))
-        await store.close()
-        if http is not None:
-            await http.shut()
         return 3
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, runner.stop)
-    # SIGUSR1: release now. Two SIGTERMs sent back to back reach a process as one (a pending
-    # signal is not queued twice), so a supervisor that wants "release now" sends this instead.
-    loop.add_signal_handler(signal.SIGUSR1, lambda: runner.stop(drain=False))
-    # supervised: a terminal's Ctrl-C reaches the whole process group, and the supervisor turns
-    # it into SIGTERM; acting on it too would make one Ctrl-C a second signal (release at once).
-    # A handler, not SIG_IGN: what this runner starts gets the default disposition back at exec.
-    loop.add_signal_handler(signal.SIGINT, (lambda: None) if spec.supervised else runner.stop)
-    watcher = (
-        asyncio.create_task(_watch_parent(os.getppid(), runner)) if spec.exit_with_parent else None
-    )
-    try:
-        await runner.run()
-    finally:
-        if watcher is not None:
-            watcher.cancel()
-        if env is not None:
-            await env.close()
-        if http is not None:
-            await http.shut()
-        await store.close()
     return 0
-
-
-@dataclass(frozen=True)
-class Tokens:
-    """The secrets a runner process reads from its environment (never its command line)."""
-
-    store: str | None
-    llm: str | None
-
-    @classmethod
-    def take(cls) -> Tokens:
-        """Read them and remove them from the environment: nothing the agent starts inherits
-        them."""
-        return cls(
-            os.environ.pop("ROLLFLEET_TOKEN", None), os.environ.pop("ROLLFLEET_LLM_TOKEN", None)
-        )
-
-
-async def main_async(spec: RunnerSpec, tokens: Tokens) -> int:
-    """Run one runner until signalled."""
-    if not spec.llm.own_engine:
-        return await _serve(spec, tokens, spec.llm.url)
-    try:
-        async with own_engine(spec.llm.model_path, spec.concurrency) as url:
-            return await _serve(spec, tokens, url)
-    except RollfleetError as exc:
-        emit("agent_error", worker_id=spec.worker_id, error=f"own engine: {exc}")
-        return 3
 
 
 def parse_spec(argv: list[str] | None = None) -> RunnerSpec:
@@ -289,7 +188,7 @@ def main() -> None:
     tokens = Tokens.take()
     pipe = take_stdout_for_events()
     try:
-        code = asyncio.run(main_async(spec, tokens))
+        code = asyncio.run(_serve(spec, tokens))
     finally:
         pipe.flush(2.0)  # the last events (worker_stopped) if the launcher still reads
     raise SystemExit(code)

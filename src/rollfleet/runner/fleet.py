@@ -6,6 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from rollfleet.envs import EnvSpec
+from rollfleet.runner.spec import LlmAccess
+
 Backend = Literal["local", "ray"]
 BACKENDS: tuple[Backend, ...] = ("local", "ray")
 
@@ -24,6 +27,9 @@ class FleetOptions:
     cpus_per_runner: float = 1.0
     grace_s: float = 30.0
     prefix: str = "worker"
+    llm: LlmAccess | None = None  # ctx.llm for the rollouts (none: the agent brings its own)
+    llm_token: str | None = None  # its API key, or with llm.mint the gateway's token
+    env: EnvSpec | None = None  # ctx.env for the rollouts
 
 
 class RunnerFleet(Protocol):
@@ -56,6 +62,9 @@ def make_fleet(
             prefix=options.prefix,
             grace_s=options.grace_s,
             on_event=on_event,
+            llm=options.llm,
+            llm_token=options.llm_token,
+            env=options.env,
         )
     from rollfleet.runner.local import LocalFleet
 
@@ -68,4 +77,7 @@ def make_fleet(
         grace_s=options.grace_s,
         prefix=options.prefix,
         on_event=on_event,
+        llm=options.llm,
+        llm_token=options.llm_token,
+        env=options.env,
     )

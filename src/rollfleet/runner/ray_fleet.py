@@ -21,7 +21,10 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from rollfleet.envs import EnvSpec
 from rollfleet.errors import RollfleetError
+from rollfleet.runner.process import Tokens, spec_runner
+from rollfleet.runner.spec import LlmAccess, RunnerSpec
 
 log = logging.getLogger("rollfleet.runner")
 
@@ -79,28 +82,25 @@ class RunnerActor:
     """A Ray actor body: one Runner on a background thread."""
 
     def __init__(
-        self,
-        store_url: str,
-        agent: str | Callable[..., Any],
-        worker_id: str,
-        concurrency: int,
-        token: str | None,
-        grace_s: float,
+        self, spec: RunnerSpec, tokens: Tokens, agent: Callable[..., Any] | None = None
     ) -> None:
+        """Start the runner ``spec`` describes (``agent``: a callable in place of its agent)."""
         import ray
 
         from rollfleet.runner.agent import load_agent
 
-        begin = self._begin(store_url, token, worker_id, ray.get_runtime_context())
+        begin = self._begin(spec.store, tokens.store, spec.worker_id, ray.get_runtime_context())
         with ThreadPoolExecutor(1) as apart:  # Ray runs this constructor inside an event loop
             apart.submit(asyncio.run, begin).result()
-        load_agent(agent)  # fail the actor's construction, visibly, for a broken agent
-        self.worker_id = worker_id
-        self._args = (store_url, agent, worker_id, concurrency, token, grace_s)
+        load_agent(agent or spec.agent)  # fail the actor's construction, visibly, when broken
+        self.worker_id = spec.worker_id
+        self._spec, self._tokens, self._agent = spec, tokens, agent
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: Any = None
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._main, daemon=True, name=f"runner-{worker_id}")
+        self._thread = threading.Thread(
+            target=self._main, daemon=True, name=f"runner-{spec.worker_id}"
+        )
         self._thread.start()
 
     @staticmethod
@@ -125,19 +125,10 @@ class RunnerActor:
         self._done.set()
 
     async def _run(self) -> None:
-        from rollfleet.client import connect
-        from rollfleet.runner.runner import Runner
-
-        store_url, agent, worker_id, concurrency, token, grace_s = self._args
-        store = connect(store_url, token=token)
         self._loop = asyncio.get_running_loop()
-        self._runner = Runner(
-            store, agent, worker_id=worker_id, concurrency=concurrency, grace_s=grace_s
-        )
-        try:
-            await self._runner.run()
-        finally:
-            await store.close()
+        async with spec_runner(self._spec, self._tokens, agent=self._agent) as runner:
+            self._runner = runner
+            await runner.run()
 
     def ready(self) -> str:
         """Return the worker id once the actor is constructed."""
@@ -185,15 +176,27 @@ class RayFleet:
         prefix: str = "worker",
         grace_s: float = 30.0,
         on_event: Any = None,
+        llm: LlmAccess | None = None,
+        llm_token: str | None = None,
+        env: EnvSpec | None = None,
     ) -> None:
         try:
             import ray
         except ImportError as exc:
             raise RollfleetError("the Ray backend needs: pip install 'rollfleet[ray]'") from exc
         self._ray = ray
-        self.store_url, self.agent, self.n, self.concurrency = store_url, agent, n, concurrency
-        self.token, self.address, self.cpus, self.prefix, self.grace_s = (
-            token,
+        self.spec = RunnerSpec(  # each actor's, under its own worker id
+            store=store_url,
+            agent=agent,
+            worker_id=prefix,
+            concurrency=concurrency,
+            grace_s=grace_s,
+            llm=llm or LlmAccess(),
+            env=env,
+        )
+        self.tokens = Tokens(token, llm_token)
+        self.n, self.address, self.cpus, self.prefix, self.grace_s = (
+            n,
             address,
             cpus_per_runner,
             prefix,
@@ -225,9 +228,7 @@ class RayFleet:
             worker_id = f"{self.prefix}-{i}"
             self.actors[worker_id] = cls.options(
                 name=f"rollfleet-{worker_id}-{time.time_ns()}"
-            ).remote(
-                self.store_url, self.agent, worker_id, self.concurrency, self.token, self.grace_s
-            )
+            ).remote(self.spec.model_copy(update={"worker_id": worker_id}), self.tokens)
         for worker_id, actor in self.actors.items():
             try:
                 self._await_ready(actor, time.monotonic() + 120)
