@@ -151,6 +151,24 @@ def train_sched_rows(d: dict[str, Any]) -> list[str]:
     return rows
 
 
+def train_threads_rows(d: dict[str, Any]) -> list[str]:
+    st, split, shared = d["settings"], d["sides"]["split"], d["sides"]["shared"]
+
+    def cell(f: dict[str, Any]) -> str:
+        parts = " / ".join(
+            f"{f['split_s'][key]:.1f}" for key in ("seconds/wait", "seconds/train", "seconds/sync")
+        )
+        return f"{spread(f['samples_per_s'], 2)} samples/s, step {f['step_s']['median']:.1f} s ({parts})"
+
+    return [
+        f"| train | cores by phase at max_staleness K={st['max_staleness']}: `rollfleet train` on the real SmolLM2 (LoRA, "
+        f"{st['tasks']} x {st['group']} samples a step, {st['max_tokens']} tokens, {st['steps']} steps, {st['cores']} cores), "
+        f"the cores split (engine {st['split']['engine_threads']} / trainer {st['split']['trainer_threads']} threads) vs "
+        f"every core to both, median [range] of {st['rounds']} alternating rounds; step s wait / train / sync | "
+        f"{cell(split)} | {cell(shared)} (every core to both, before) | {d['split_vs_shared']:.2f}× |"
+    ]
+
+
 def train_rows(d: dict[str, Any]) -> list[str]:
     st, sides = d["settings"], d["sides"]
     sync = sides["0"]

@@ -73,6 +73,7 @@ async def train(opts: TrainOptions, console: Console) -> list[dict[str, Any]]:
     )
     claim_output_dir(opts.output_dir, "train")
     torch.manual_seed(opts.seed)
+    torch.set_num_threads(opts.trainer_threads or opts.cores_by_phase()[1])
     model = load_policy(opts.model)[0]
     policy = Policy(model, lr=opts.lr, lora_rank=opts.lora_rank, loss=opts.loss())
     console.print(

@@ -4,6 +4,7 @@ starts, the fleet options they give, and the fingerprint a checkpoint must share
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from rollfleet.coordinator.staleness import MAX_STALENESS_BOUND
 from rollfleet.envs import get_mode
 from rollfleet.errors import InvalidInput
 from rollfleet.run.options import AGENT, RunOptions
+from rollfleet.run.stack import engine_threads
 
 MAX_TURNS, MAX_EVAL_SAMPLES = 100, 64
 ENGINES = ("llamacpp", "hf")
@@ -53,6 +55,7 @@ class TrainOptions:
     eval_samples: int = 1  # 1: greedy; n: n samples a task at the training temperature
     report_to: str | None = None  # "tensorboard": event files in OUTPUT/tensorboard
     agent: str = AGENT  # the agent whose ctx.llm calls are trained on
+    trainer_threads: int | None = None  # torch's threads; None: cores_by_phase()
     extra: dict[str, Any] = field(default_factory=dict)  # more RunOptions fields
 
     def check(self) -> None:
@@ -111,8 +114,21 @@ class TrainOptions:
 
             check_model(self.model, self.engine)
 
+    def cores_by_phase(self) -> tuple[int, int]:
+        """Threads for the engine and for the trainer, from this machine's cores. Synchronous
+        (K=0) the phases take turns, so each gets every core (the engine as ``rollfleet run``
+        gives it, a core left for sandboxed programs); asynchronous they run at once and split
+        the cores, since ggml's threads spin-wait and stall beside a busy trainer thread."""
+        cores = len(os.sched_getaffinity(0))
+        engine = engine_threads(get_mode(self.mode))
+        if self.max_staleness == 0:
+            return engine, cores
+        engine = min(engine, max(1, cores // 2))
+        return engine, max(1, cores - engine)
+
     def run_options(self) -> RunOptions:
         """The fleet's options: one rollout slot per sample of a step's batch."""
+        threads = {"engine_threads": self.cores_by_phase()[0]}
         return RunOptions(
             mode=self.mode,
             data=self.data,
@@ -123,7 +139,7 @@ class TrainOptions:
             max_turns=self.max_turns,
             agent=self.agent,
             model=self.model_name() if self.model and self.engine == "llamacpp" else None,
-            **self.extra,
+            **{**threads, **self.extra},
         )
 
     def loss(self) -> Any:
@@ -140,7 +156,7 @@ class TrainOptions:
     def fingerprint(self) -> dict[str, Any]:
         """The settings a checkpoint must share to be resumed (``steps`` may grow)."""
         kept = asdict(self)
-        for name in ("output_dir", "steps", "engine", "extra", "report_to"):
+        for name in ("output_dir", "steps", "engine", "extra", "report_to", "trainer_threads"):
             kept.pop(name)
         kept["data"] = str(self.data.resolve())
         kept["eval_data"] = str(self.eval_data.resolve()) if self.eval_data else None
