@@ -342,6 +342,17 @@ def complete_many(tx: Tx, items: Sequence[Completion], now: float) -> list[Compl
     ]
 
 
+def complete_and_claim(
+    tx: Tx, items: Sequence[Completion], worker_id: str, max_n: int, now: float
+) -> tuple[list[CompletionOutcome], list[dict[str, Any]]]:
+    """``complete_many``, then, only if every completion stood, ``claim`` up to ``max_n`` for
+    ``worker_id``, in the same transaction: a refused (fenced) completion claims nothing."""
+    outcomes = complete_many(tx, items, now)
+    if max_n < 1 or any(o.rollout_status is None for o in outcomes):
+        return outcomes, []
+    return outcomes, claim(tx, worker_id, max_n, now)
+
+
 def release(tx: Tx, attempt_id: str, reason: str, now: float) -> Rollout:
     """Give a live attempt's rollout back to the queue without charging its retry budget."""
     row = live_attempt(tx, attempt_id)

@@ -19,6 +19,7 @@ from rollfleet.model import (
     AttemptStatus,
     Completion,
     CompletionOutcome,
+    Handover,
     HeartbeatReply,
     Page,
     ReapReport,
@@ -279,6 +280,39 @@ class SqlStore:
             finished=any(s is not None and s.terminal for s in statuses),
         )
         return outcomes
+
+    async def complete_and_claim(
+        self, items: Sequence[Completion], worker_id: str, max_n: int = 1
+    ) -> Handover:
+        """End attempts, then lease up to ``max_n`` rollouts to ``worker_id`` in the same durable
+        transaction; a refused completion claims nothing."""
+        outcomes, docs = await self._complete_and_claim(items, worker_id, max_n)
+        return Handover(outcomes=outcomes, claimed=[Rollout.model_validate(d) for d in docs])
+
+    async def complete_and_claim_documents(
+        self, items: Sequence[Completion], worker_id: str, max_n: int = 1
+    ) -> dict[str, Any]:
+        """``complete_and_claim`` as plain JSON values (what the HTTP server sends on)."""
+        outcomes, docs = await self._complete_and_claim(items, worker_id, max_n)
+        return {"outcomes": [o.model_dump(mode="json") for o in outcomes], "claimed": docs}
+
+    async def _complete_and_claim(
+        self, items: Sequence[Completion], worker_id: str, max_n: int
+    ) -> tuple[list[CompletionOutcome], list[dict[str, Any]]]:
+        if not 0 <= max_n <= 1000:
+            raise InvalidInput("complete_and_claim: max_n must be 0 to 1000")
+        if not items:
+            raise InvalidInput("complete_and_claim: items must hold at least one completion")
+        self._ensure_listening()
+        outcomes, docs = await self._write(
+            ops.complete_and_claim, list(items), worker_id, max_n, self._clock()
+        )
+        statuses = {o.rollout_status for o in outcomes}
+        self.wake(
+            queued=RolloutStatus.QUEUING in statuses,
+            finished=any(s is not None and s.terminal for s in statuses),
+        )
+        return outcomes, docs
 
     async def release(self, attempt_id: str, reason: str = "released") -> Rollout:
         """Give a rollout back to the queue without charging its retry budget."""

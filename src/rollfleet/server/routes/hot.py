@@ -55,10 +55,20 @@ def hot_routes(store: Store) -> list[HotRoute[Any]]:
     async def complete_many(body: s.CompleteMany, _request: Request) -> Response:
         return as_json(await store.complete_many(body.items))
 
+    async def complete_and_claim(body: s.CompleteAndClaim, _request: Request) -> Response:
+        found = await store.complete_and_claim_documents(body.items, body.worker_id, body.max_n)
+        return Response(orjson.dumps(found), media_type="application/json")
+
     return [
         HotRoute("/rollouts/batch", "enqueue_many", s.EnqueueMany, enqueue_many),
         HotRoute("/claims", "claim", s.ClaimRequest, claim),
         HotRoute("/attempts/complete", "complete_many", s.CompleteMany, complete_many),
+        HotRoute(
+            "/attempts/complete-and-claim",
+            "complete_and_claim",
+            s.CompleteAndClaim,
+            complete_and_claim,
+        ),
     ]
 
 
