@@ -11,6 +11,7 @@ import asyncio
 import os
 import signal
 import socket
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -157,36 +158,41 @@ def send_unanswered(server: ServeProcess, path: str, body: bytes) -> socket.sock
     return sock
 
 
-async def test_kill_9_before_the_request_is_served_leaves_neither_half(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path}/kill.db"
-    server = ServeProcess(url).start()
+Served = tuple[ServeProcess, HttpStore]
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[Served]:
+    """A real ``rollfleet serve`` process on a SQLite file (killed at the end), and a client."""
+    server = ServeProcess(f"sqlite:///{tmp_path}/kill.db").start()
     store = HttpStore(server.url, timeout=5)
-    try:
-        await store.enqueue_many([RolloutSpec(input=i, rollout_id=f"r{i}") for i in range(2)])
-        (first,) = await store.claim("w1")
-        frozen(server)  # the request below is in the server's socket, read by nobody
-        body = orjson.dumps(
-            {"items": [done(first.attempt.attempt_id).model_dump(mode="json")], "worker_id": "w1"}
-        )
-        sock = send_unanswered(server, "/attempts/complete-and-claim", body)
-        server.kill()
-        sock.close()
-        server.start()
-        assert await rows_of(store) == {"r0": ("preparing", 1), "r1": ("queuing", 0)}
-        got = await store.complete_and_claim([done(first.attempt.attempt_id)], "w1")
-        assert [r.rollout_id for r in got.claimed] == ["r1"]
-        assert await rows_of(store) == {"r0": ("succeeded", 1), "r1": ("preparing", 1)}
-    finally:
-        await store.close()
-        server.kill()
+    yield server, store
+    await store.close()
+    server.kill()
 
 
-async def test_kill_9_amid_a_stream_of_handovers_loses_and_doubles_nothing(tmp_path: Path) -> None:
+async def test_kill_9_before_the_request_is_served_leaves_neither_half(served: Served) -> None:
+    server, store = served
+    await store.enqueue_many([RolloutSpec(input=i, rollout_id=f"r{i}") for i in range(2)])
+    (first,) = await store.claim("w1")
+    frozen(server)  # the request below is in the server's socket, read by nobody
+    body = orjson.dumps(
+        {"items": [done(first.attempt.attempt_id).model_dump(mode="json")], "worker_id": "w1"}
+    )
+    sock = send_unanswered(server, "/attempts/complete-and-claim", body)
+    server.kill()
+    sock.close()
+    server.start()
+    assert await rows_of(store) == {"r0": ("preparing", 1), "r1": ("queuing", 0)}
+    got = await store.complete_and_claim([done(first.attempt.attempt_id)], "w1")
+    assert [r.rollout_id for r in got.claimed] == ["r1"]
+    assert await rows_of(store) == {"r0": ("succeeded", 1), "r1": ("preparing", 1)}
+
+
+async def test_kill_9_amid_a_stream_of_handovers_loses_and_doubles_nothing(served: Served) -> None:
     """Four runners hand over as fast as they can; the server is killed once 40 answers are in.
     Every answered handover is on disk, and no rollout has two live attempts or a lost count."""
-    url = f"sqlite:///{tmp_path}/kill.db"
-    server = ServeProcess(url).start()
-    store = HttpStore(server.url, timeout=5)
+    server, store = served
     answered: list[Any] = []
     enough = asyncio.Event()
 
@@ -201,56 +207,46 @@ async def test_kill_9_amid_a_stream_of_handovers_loses_and_doubles_nothing(tmp_p
                 return
             (held,) = got.claimed
 
-    try:
-        await store.enqueue_many([RolloutSpec(input=i, rollout_id=f"r{i:03}") for i in range(400)])
-        tasks = [asyncio.create_task(runner(f"w{k}")) for k in range(4)]
-        await enough.wait()
-        server.kill()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        server.start()
-        attempts = {
-            a.attempt_id: a
-            for a in await read_all(lambda c: store.query_attempts(cursor=c, limit=1000))
-        }
-        for attempt_id, got in answered:  # an answer means both halves are durable
-            assert attempts[attempt_id].status is AttemptStatus.SUCCEEDED
-            for rollout in got.claimed:
-                assert rollout.attempt.attempt_id in attempts
-        rollouts = await read_all(lambda c: store.query_rollouts(cursor=c, limit=1000))
-        live: dict[str, int] = {}
-        for a in attempts.values():
-            if a.status in (AttemptStatus.PREPARING, AttemptStatus.RUNNING):
-                live[a.rollout_id] = live.get(a.rollout_id, 0) + 1
-        assert max(live.values(), default=0) <= 1
-        assert sum(r.num_attempts for r in rollouts) == len(attempts)
-        assert all(r.num_attempts <= 1 for r in rollouts)
-        succeeded = [r for r in rollouts if r.status is RolloutStatus.SUCCEEDED]
-        assert len(succeeded) >= len(answered) and len(rollouts) == 400
-    finally:
-        await store.close()
-        server.kill()
+    await store.enqueue_many([RolloutSpec(input=i, rollout_id=f"r{i:03}") for i in range(400)])
+    tasks = [asyncio.create_task(runner(f"w{k}")) for k in range(4)]
+    await enough.wait()
+    server.kill()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    server.start()
+    attempts = {
+        a.attempt_id: a
+        for a in await read_all(lambda c: store.query_attempts(cursor=c, limit=1000))
+    }
+    for attempt_id, got in answered:  # an answer means both halves are durable
+        assert attempts[attempt_id].status is AttemptStatus.SUCCEEDED
+        for rollout in got.claimed:
+            assert rollout.attempt.attempt_id in attempts
+    rollouts = await read_all(lambda c: store.query_rollouts(cursor=c, limit=1000))
+    live: dict[str, int] = {}
+    for a in attempts.values():
+        if a.status in (AttemptStatus.PREPARING, AttemptStatus.RUNNING):
+            live[a.rollout_id] = live.get(a.rollout_id, 0) + 1
+    assert max(live.values(), default=0) <= 1
+    assert sum(r.num_attempts for r in rollouts) == len(attempts)
+    assert all(r.num_attempts <= 1 for r in rollouts)
+    succeeded = [r for r in rollouts if r.status is RolloutStatus.SUCCEEDED]
+    assert len(succeeded) >= len(answered) and len(rollouts) == 400
 
 
-async def test_kill_9_after_the_answer_keeps_both_halves_once(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path}/kill.db"
-    server = ServeProcess(url).start()
-    store = HttpStore(server.url, timeout=5)
-    try:
-        await store.enqueue_many([RolloutSpec(input=i, rollout_id=f"r{i}") for i in range(3)])
-        (first,) = await store.claim("w1")
-        got = await store.complete_and_claim([done(first.attempt.attempt_id)], "w1")
-        server.kill()  # answered means durable: both halves survive the kill
-        server.start()
-        assert await rows_of(store) == {
-            "r0": ("succeeded", 1),
-            "r1": ("preparing", 1),
-            "r2": ("queuing", 0),
-        }
-        (second,) = got.claimed
-        assert (await store.get_rollout("r1")).attempt.attempt_id == second.attempt.attempt_id
-        nxt = await store.complete_and_claim([done(second.attempt.attempt_id)], "w1")
-        assert [r.rollout_id for r in nxt.claimed] == ["r2"]
-        assert (await store.get_rollout("r0")).num_attempts == 1
-    finally:
-        await store.close()
-        server.kill()
+async def test_kill_9_after_the_answer_keeps_both_halves_once(served: Served) -> None:
+    server, store = served
+    await store.enqueue_many([RolloutSpec(input=i, rollout_id=f"r{i}") for i in range(3)])
+    (first,) = await store.claim("w1")
+    got = await store.complete_and_claim([done(first.attempt.attempt_id)], "w1")
+    server.kill()  # answered means durable: both halves survive the kill
+    server.start()
+    assert await rows_of(store) == {
+        "r0": ("succeeded", 1),
+        "r1": ("preparing", 1),
+        "r2": ("queuing", 0),
+    }
+    (second,) = got.claimed
+    assert (await store.get_rollout("r1")).attempt.attempt_id == second.attempt.attempt_id
+    nxt = await store.complete_and_claim([done(second.attempt.attempt_id)], "w1")
+    assert [r.rollout_id for r in nxt.claimed] == ["r2"]
+    assert (await store.get_rollout("r0")).num_attempts == 1
