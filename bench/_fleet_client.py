@@ -29,11 +29,12 @@ import psutil
 
 from rollfleet.client import HttpStore
 from rollfleet.client.endpoints import Backoff
-from rollfleet.model import AttemptStatus, Completion, RolloutResult
+from rollfleet.model import AttemptStatus, Completion, CompletionOutcome, RolloutResult
 from rollfleet.web.serving import raise_fd_limit
 
 CLAIM_WAIT_S = 2.0
 AGENT_S = (0.5, 2.0)
+HANDOVER = os.environ.get("FLEET_HANDOVER") == "1"  # complete-and-claim in one request
 
 
 class Tally:
@@ -65,15 +66,18 @@ class Tally:
 
 
 async def one_runner(index: int, urls: list[str], tally: Tally) -> None:
-    """Claim, sleep the agent's time, complete; forever (cancelled at the end)."""
+    """Claim, sleep the agent's time, complete; forever (cancelled at the end). With
+    ``HANDOVER``, the completion claims the next rollout in the same request (as ``Runner``
+    does), and a separate claim is sent only when that one brought nothing."""
     order = urls[index % len(urls) :] + urls[: index % len(urls)]
     store = HttpStore(order)
     worker = f"sim-{os.getpid()}-{index}"
     rng, backoff = random.Random(index), Backoff(rng=random.Random(-index - 1).random)
+    handed: list[Any] = []
     while True:
-        t0 = time.time()
+        t0, claimed = time.time(), not handed  # a handed-over rollout needed no claim
         try:
-            docs = await store.claim_documents(worker, CLAIM_WAIT_S, 1)
+            docs, handed = handed or await store.claim_documents(worker, CLAIM_WAIT_S, 1), []
         except Exception as exc:
             tally.error(exc, "claim")
             await asyncio.sleep(backoff.delay())
@@ -83,7 +87,7 @@ async def one_runner(index: int, urls: list[str], tally: Tally) -> None:
         if not docs:
             tally.empty += tally.inside(t1)
             continue
-        if tally.inside(t1):
+        if tally.inside(t1) and claimed:
             tally.claim_ms.append((t1 - t0) * 1000)
         await asyncio.sleep(rng.uniform(*AGENT_S))
         done = Completion(
@@ -93,7 +97,12 @@ async def one_runner(index: int, urls: list[str], tally: Tally) -> None:
         )
         t2 = time.time()
         try:
-            outcome = (await store.complete_many([done]))[0]
+            if HANDOVER:
+                got = await store.complete_and_claim_documents([done], worker, 1)
+                outcome = CompletionOutcome.model_validate(got["outcomes"][0])
+                handed = got["claimed"]
+            else:
+                outcome = (await store.complete_many([done]))[0]
         except Exception as exc:
             tally.error(exc, "complete")
             continue

@@ -69,28 +69,50 @@ def headline() -> str:
         [
             "| figure | rollfleet | baseline | ratio |",
             "|---|---|---|---|",
+            *store_rows(),
             f"| `make demo`'s job, 52 math tasks, tokens/s | {ours['tokens_per_s']['median']:.1f} "
-            f"(8 at once) | {naive['tokens_per_s']['median']:.1f} (a plain llama-cpp-python loop) "
+            f"(8 at once) | {naive['tokens_per_s']['median']:.1f} (plain llama-cpp-python) "
             f"| {ours['tokens_per_s_vs_naive']:.2f}× |",
             f"| the same, one rollout at a time | {one['tokens_per_s']['median']:.1f} | "
             f"{naive['tokens_per_s']['median']:.1f} | {one['tokens_per_s_vs_naive']:.2f}× |",
             f"| training rows per {agent['settings']['turns']}-turn agent rollout | {rows_in:.2f} "
             f"(token-in) | {rows_re:.2f} (re-tokenize every turn) | {rows_re / rows_in:.2f}× fewer |",
-            f"| rollouts/s while a runner is SIGKILLed every ~{chaos['settings']['kill_mean_s']:g} s "
-            f"and the server restarts | {kills:.1f} | {calm:.1f} (no kills) | {kills / calm:.2f}× |",
-            f"| tokens generated per finished {turns}-turn rollout, runners SIGKILLed "
-            f"(resume from the last turn) | {res['tokens_per_rollout']['median']:.1f} | "
-            f"{rst['tokens_per_rollout']['median']:.1f} (restart from scratch) | "
+            f"| rollouts/s, a runner SIGKILLed every ~{chaos['settings']['kill_mean_s']:g} s, "
+            f"the server restarted | {kills:.1f} | {calm:.1f} (no kills) | {kills / calm:.2f}× |",
+            f"| tokens per finished {turns}-turn rollout, runners SIGKILLed "
+            f"(resumed by turn) | {res['tokens_per_rollout']['median']:.1f} | "
+            f"{rst['tokens_per_rollout']['median']:.1f} (restart) | "
             f"{resume['tokens_resume_vs_restart']:.2f}× |",
-            f"| the same runs' wall time, s | {res['seconds']['median']:.0f} | "
+            f"| their wall time, s | {res['seconds']['median']:.0f} | "
             f"{rst['seconds']['median']:.0f} | {resume['wall_resume_vs_restart']:.2f}× |",
             f"| GRPO samples/s, bundled model, `rollfleet train` K=1 | "
             f"{k1['samples_per_s']['median']:.2f} | {trl['samples_per_s']['median']:.2f} (TRL "
             f"GRPOTrainer) | {k1['vs_trl']:.2f}× |",
-            f"| held-out reward after {vs_trl['settings']['steps']} steps, the same runs | "
+            f"| held-out reward after {vs_trl['settings']['steps']} steps | "
             f"{k1['heldout']['median']:.2f} | {trl['heldout']['median']:.2f} | |",
         ]
     )
+
+
+def store_rows() -> list[str]:
+    """The store's fair cells (bench/_store_fair.py), as the runner sends its requests
+    (complete-and-claim), against Agent Lightning's faster completion style."""
+    fair = _result("store_throughput").get("fair")
+    if fair is None:
+        return []
+    cells = [fair["cells"][c] for c in ("batched_16", "one_per_request")]
+    ratios = [fair["ratios"][c] for c in ("batched_16", "one_per_request")]
+    best = [
+        max(("agl", "agl_sequential"), key=lambda k: c.get(k, {}).get("median", 0)) for c in cells
+    ]
+    ours = " / ".join(f"{c['rollfleet_handover']['median']:,.0f}" for c in cells)
+    agl = " / ".join(f"{c[b]['median']:,.0f}" for c, b in zip(cells, best, strict=True))
+    ratio = " / ".join(
+        f"{r[f'rollfleet_handover/{b}']['median']:.1f}×" for r, b in zip(ratios, best, strict=True)
+    )
+    return [
+        f"| store completions/s, 4 HTTP workers, 16/1 a call | {ours} | {agl} (AGL) | {ratio} |"
+    ]
 
 
 def lookup_run() -> str:

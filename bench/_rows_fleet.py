@@ -10,14 +10,8 @@ from bench._report_cells import n, spread
 def store_rows(d: dict[str, Any]) -> list[str]:
     ours, agl = d["ours_sqlite"], d.get("agentlightning_0_3_0")
     agl = agl if isinstance(agl, dict) else {}
-    rows = []
-    head = d.get("headline")
-    if head:
-        rows.append(
-            f"| store | claim+complete/s over HTTP, 4 workers, batched (16): median of {len(head['rounds']['ours'])} "
-            f"interleaved rounds | {n(head['ours_median'])} (SQLite, durable) | {n(head['agl_median'])} "
-            f"(Agent Lightning 0.3.0, in memory) | {head['ratio']:.1f}× |"
-        )
+    rows = fair_rows(d["fair"]) if "fair" in d else []
+    when = d["machine"]["date"]
     why_memory = " — a durable write (SQLite fsync'd WAL) against a Python dict: the price of surviving kill -9"
     for key, label in [
         (
@@ -42,7 +36,7 @@ def store_rows(d: dict[str, Any]) -> list[str]:
         ratio = f"{ours[key] / theirs:.2f}×" if theirs else "–"
         loses = bool(theirs) and ours[key] < theirs
         rows.append(
-            f"| store | {label}{why_memory if loses else ''} | {n(ours[key])} (SQLite, durable) | "
+            f"| store | {label} (one run of {when}, 3 s, one server for every phase){why_memory if loses else ''} | {n(ours[key])} (SQLite, durable) | "
             f"{n(theirs) if theirs else '–'} (Agent Lightning 0.3.0, in memory) | {ratio} |"
         )
     lat, agl_lat = ours["dispatch_latency"], agl.get("dispatch_latency", {})
@@ -81,6 +75,55 @@ def store_rows(d: dict[str, Any]) -> list[str]:
                 f"| store | {what}, on servers that have already seeded and served one such phase: this "
                 f"code vs commit {pg_ab['before_commit']} | {cell(pg_ab['after_used'])} | "
                 f"{cell(pg_ab['before_used'])} (before) | {pg_ab['used_after_vs_before']:.2f}× |"
+            )
+    return rows
+
+
+FAIR_CELLS = {
+    "batched_16": "claim+complete/s over HTTP, 4 workers, batched (16)",
+    "one_per_request": "claim+complete/s over HTTP, 4 workers, one per request",
+    "enqueue": "enqueue/s over HTTP, 4 clients, one per request",
+}
+FAIR_OURS = {
+    "rollfleet": "claim, then complete",
+    "rollfleet_handover": "complete-and-claim, one request",
+}
+
+
+def _cell(s: dict[str, Any]) -> str:
+    return f"{n(s['median'])} [{n(s['min'])}–{n(s['max'])}]"
+
+
+def fair_rows(f: dict[str, Any]) -> list[str]:
+    """The fair cells (bench/_store_fair.py): rollfleet against Agent Lightning and against an
+    older commit, medians [min–max] of interleaved rounds on fresh servers."""
+    st = f["settings"]
+    how = (
+        f"median [range] of {st['rounds']} interleaved rounds, a fresh server each, "
+        f"{n(st['seeded'])} queued, {st['warmup_s']:g} s warm-up, {st['window_s']:g} s window"
+    )
+    rows = []
+    for cell, label in FAIR_CELLS.items():
+        sides = f["cells"].get(cell, {})
+        agl = sides.get("agl")
+        seq = sides.get("agl_sequential")
+        # the ratio is taken against the faster of Agent Lightning's two completion styles
+        best = "agl_sequential" if seq and agl and seq["median"] > agl["median"] else "agl"
+        for ours, how_ours in FAIR_OURS.items():
+            if ours not in sides or agl is None:
+                continue
+            theirs = f"{_cell(agl)} (Agent Lightning 0.3.0, in memory"
+            theirs += f", completing 16 at once; {_cell(seq)} one by one)" if seq else ")"
+            what = how_ours if cell != "enqueue" else "enqueue_rollout"
+            rows.append(
+                f"| store | {label}, {what}: {how} | {_cell(sides[ours])} (SQLite, durable) | "
+                f"{theirs} | {f['ratios'][cell][f'{ours}/{best}']['median']:.2f}× |"
+            )
+        if "rollfleet" in sides and "rollfleet_base" in sides:
+            rows.append(
+                f"| store | {label}: this code vs commit {st['base_commit']}, {how} | "
+                f"{_cell(sides['rollfleet'])} | {_cell(sides['rollfleet_base'])} (before) | "
+                f"{f['ratios'][cell]['rollfleet/rollfleet_base']['median']:.2f}× |"
             )
     return rows
 

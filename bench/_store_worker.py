@@ -1,6 +1,6 @@
 """One benchmark client process for bench/store_throughput.py; runs under our venv or the peers' venv.
 
-Prints one JSON line. ``--impl ours|agl``; ``--op seed|enqueue|claim|latency``; ``--inproc N`` runs N
+Prints one JSON line. ``--impl ours|agl``; ``--op seed|enqueue|claim|claim_batch[_seq]|handover[_batch]|latency``; ``--inproc N`` runs N
 concurrent tasks against an in-process store instead of one client of a server.
 """
 
@@ -60,6 +60,26 @@ class Ours:
             )
         return len(got)
 
+    async def handover(self, worker: str, held: list[Any], n: int) -> int:
+        """Complete what ``held`` holds and claim the next ``n`` in one request (the first call
+        only claims); returns how many were completed."""
+        from rollfleet.model import AttemptStatus, Completion, RolloutResult
+
+        if not held:
+            held.extend(await self.store.claim(worker, max_n=n))
+            return -1 if held else 0
+        done = [
+            Completion(
+                attempt_id=r.attempt.attempt_id,
+                status=AttemptStatus.SUCCEEDED,
+                result=RolloutResult(reward=1.0),
+            )
+            for r in held
+        ]
+        got = await self.store.complete_and_claim(done, worker, n)
+        held[:] = got.claimed
+        return len(done)
+
     async def wait_claim(self, worker: str, idle: asyncio.Event) -> Any:
         while True:
             idle.set()  # the long-poll is about to wait: the worker is idle from here on
@@ -102,6 +122,13 @@ class Agl:
         await self.store.update_attempt(got.rollout_id, got.attempt.attempt_id, status="succeeded")
         return True
 
+    async def claim_complete_batch_seq(self, worker: str) -> int:
+        """AGL's batch claim, then its completions one after another (its runner's own way)."""
+        got = await self.store.dequeue_many_rollouts(limit=BATCH, worker_id=worker)
+        for r in got:
+            await self.store.update_attempt(r.rollout_id, r.attempt.attempt_id, status="succeeded")
+        return len(got)
+
     async def claim_complete_batch(self, worker: str) -> int:
         got = await self.store.dequeue_many_rollouts(limit=BATCH, worker_id=worker)
         await asyncio.gather(
@@ -129,14 +156,29 @@ class Agl:
 BATCH = 16
 
 
+WARMUP = 0.0  # seconds run before the counted window (--warmup)
+
+
 async def timed_loop(fn: Any, seconds: float) -> int:
-    n, end = 0, time.perf_counter() + seconds
+    """Ops finished inside the window ``[start + WARMUP, start + WARMUP + seconds]``; the ops of
+    the warm-up run in full but are not counted. A negative answer is work that completed nothing
+    (a first claim)."""
+    n, total = 0, 0
+    start = time.perf_counter()
+    counted_from, end = start + WARMUP, start + WARMUP + seconds
     while time.perf_counter() < end:
-        done = await fn(n)
+        done = await fn(total)
         if done is False or done == 0:
             break
-        n += 1 if done is True or done is None else done
+        k = 1 if done is True or done is None else max(0, done)
+        total += k
+        if counted_from <= time.perf_counter() <= end:
+            n += k
+    TOTALS.append(total)
     return n
+
+
+TOTALS: list[int] = []  # every loop's ops, warm-up included (how far the queue was drained)
 
 
 async def latency(client: Any, make: Any, samples: int) -> dict[str, float]:
@@ -182,10 +224,22 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.perf_counter()
         if args.op == "enqueue":
             counts = await asyncio.gather(*[timed_loop(s.enqueue, args.seconds) for s in stores])
-        elif args.op == "claim_batch":
+        elif args.op in ("claim_batch", "claim_batch_seq"):
+            batch = "claim_complete_batch" + args.op.removeprefix("claim_batch")
             counts = await asyncio.gather(
                 *[
-                    timed_loop(lambda _n, s=s, w=f"w{k}": s.claim_complete_batch(w), args.seconds)
+                    timed_loop(lambda _n, s=s, w=f"w{k}": getattr(s, batch)(w), args.seconds)
+                    for k, s in enumerate(stores)
+                ]
+            )
+        elif args.op in ("handover", "handover_batch"):
+            size = BATCH if args.op == "handover_batch" else 1
+            counts = await asyncio.gather(
+                *[
+                    timed_loop(
+                        lambda _n, s=s, w=f"w{k}", h=[]: s.handover(w, h, size),  # type: ignore[misc]
+                        args.seconds,
+                    )
                     for k, s in enumerate(stores)
                 ]
             )
@@ -196,7 +250,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     for k, s in enumerate(stores)
                 ]
             )
-        return {"ops": sum(counts), "seconds": time.perf_counter() - t0}
+        seconds = args.seconds if WARMUP else time.perf_counter() - t0
+        return {"ops": sum(counts), "seconds": seconds, "total": sum(TOTALS)}
     finally:
         await store.close()
 
@@ -206,12 +261,26 @@ if __name__ == "__main__":
     p.add_argument("--impl", choices=["ours", "agl"], required=True)
     p.add_argument("--url", required=True)
     p.add_argument(
-        "--op", choices=["seed", "enqueue", "claim", "claim_batch", "latency"], required=True
+        "--op",
+        choices=[
+            "seed",
+            "enqueue",
+            "claim",
+            "claim_batch",
+            "claim_batch_seq",
+            "handover",
+            "handover_batch",
+            "latency",
+        ],
+        required=True,
     )
+    p.add_argument("--warmup", type=float, default=0.0, help="seconds run before counting")
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--n", type=int, default=0)
     p.add_argument("--inproc", type=int, default=0)
     p.add_argument(
         "--barrier", action="store_true", help="print 'ready', wait for a line on stdin, then start"
     )
-    print(json.dumps(asyncio.run(main(p.parse_args()))))
+    parsed = p.parse_args()
+    WARMUP = parsed.warmup
+    print(json.dumps(asyncio.run(main(parsed))))

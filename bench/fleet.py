@@ -451,5 +451,47 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return write_results("fleet", merged(new, old), command)
 
 
+HANDOVER_FIGURES = ("completions_per_s", "server_ms_per_rollout", "postgres_ms_per_rollout")
+
+
+def handover_ab(runners: int = 1000) -> dict[str, Any]:
+    """Server CPU a rollout with the runners' completions sent alone (``complete_many``) or as
+    complete-and-claim (``FLEET_HANDOVER=1``), 1 replica, alternating rounds; into fleet.json."""
+    raise_fd_limit()
+    logdir = Path(tempfile.mkdtemp(prefix="rollfleet-fleet-"))
+    rounds: dict[str, list[dict[str, Any]]] = {"complete_then_claim": [], "handover": []}
+    for rnd in range(ROUNDS):
+        for side in list(rounds) if rnd % 2 == 0 else list(reversed(rounds)):
+            os.environ["FLEET_HANDOVER"] = "1" if side == "handover" else "0"
+            point = asyncio.run(measure(runners, 1, logdir))
+            rounds[side].append({k: point[k] for k in HANDOVER_FIGURES})
+            print(side, json.dumps(rounds[side][-1]), flush=True)
+    os.environ.pop("FLEET_HANDOVER", None)
+    result = {
+        "runners": runners,
+        "replicas": 1,
+        "rounds": rounds,
+        **{
+            f"{side}_{k}": _spread([x[k] for x in xs])
+            for side, xs in rounds.items()
+            for k in HANDOVER_FIGURES
+        },
+        "command": f"python -m bench.fleet handover {runners}",
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    path = RESULTS / "fleet.json"
+    doc = json.loads(path.read_text())
+    doc["handover"] = result
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return result
+
+
+def _spread(xs: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["handover"]:
+        handover_ab(*(int(a) for a in sys.argv[2:3]))
+    else:
+        main()

@@ -9,8 +9,12 @@ figure start timing together, once all of them have imported and connected.
 PostgreSQL over HTTP (4 workers batched) is also measured before and after issue 19's changes (the
 `src/` of commit PG_AB_BASE, default 63c15b3, against this tree) and on 1 against 2 `rollfleet serve`
 replicas of one schema, in alternating rounds, each on fresh servers and a fresh schema.
+The fair cells (issue 34, :mod:`bench._store_fair`): a fresh server per measurement, 60,000 seeded,
+4 client processes behind a barrier, 1 s warm-up, a 5 s window, interleaved rounds, against Agent
+Lightning (both completion styles) and against the ``src/`` of commit STORE_AB_BASE (6b6bcfe).
 Run: `python -m bench store_throughput` (peers: `make peers`); only the PostgreSQL rounds, keeping
-the other figures: `python -m bench.store_throughput postgres` (BENCH_ROUNDS rounds, default 3).
+the other figures: `python -m bench.store_throughput postgres`; only the fair cells:
+`python -m bench.store_throughput fair` (BENCH_ROUNDS rounds, default 3).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from bench._common import (
     table,
     write_results,
 )
+from bench._store_fair import BASE, fair
 
 WORKER = str(ROOT / "bench" / "_store_worker.py")
 SECONDS = float(os.environ.get("BENCH_SECONDS", "3"))
@@ -51,10 +56,10 @@ PG = os.environ.get("ROLLFLEET_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:
 
 
 def worker_command(
-    py: str, impl: str, url: str, op: str, *flags: str, **kw: Any
+    py: str, impl: str, url: str, op: str, *flags: str, seconds: float = SECONDS, **kw: Any
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and environment of one bench/_store_worker.py process."""
-    argv = [py, WORKER, "--impl", impl, "--url", url, "--op", op, "--seconds", str(SECONDS), *flags]
+    argv = [py, WORKER, "--impl", impl, "--url", url, "--op", op, "--seconds", str(seconds), *flags]
     for k, v in kw.items():
         argv += [f"--{k}", str(v)]
     # a PYTHONPATH already set comes first: bench/refactor_ab.py points it at another tree's src/
@@ -77,8 +82,19 @@ def clients(py: str, impl: str, url: str | list[str], op: str, n: int) -> float:
     Lightning's client takes seconds to import, and staggered windows would not be n at once.
     Given several URLs (replicas), client k talks to URL k mod their number.
     """
+    results = run_clients(py, impl, url, op, n)
+    return sum(r["ops"] for r in results) / max(r["seconds"] for r in results)
+
+
+def run_clients(
+    py: str, impl: str, url: str | list[str], op: str, n: int, *flags: str, **kw: Any
+) -> list[dict[str, Any]]:
+    """Run n client processes behind a start barrier; each one's JSON answer."""
     urls = [url] if isinstance(url, str) else url
-    commands = [worker_command(py, impl, urls[k % len(urls)], op, "--barrier") for k in range(n)]
+    commands = [
+        worker_command(py, impl, urls[k % len(urls)], op, "--barrier", *flags, **kw)
+        for k in range(n)
+    ]
     procs = [
         subprocess.Popen(
             argv,
@@ -113,8 +129,7 @@ def clients(py: str, impl: str, url: str | list[str], op: str, n: int) -> float:
     for proc, (_out, err) in zip(procs, outs, strict=True):
         if proc.returncode != 0:
             raise RuntimeError(f"{impl} {op} failed: {err[-2000:]}")
-    results = [json.loads(out.strip().splitlines()[-1]) for out, _err in outs]
-    return sum(r["ops"] for r in results) / max(r["seconds"] for r in results)
+    return [json.loads(out.strip().splitlines()[-1]) for out, _err in outs]
 
 
 def inproc(py: str, impl: str, url: str, op: str, n: int) -> float:
@@ -237,35 +252,6 @@ def agl() -> dict[str, Any]:
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 
 
-def headline() -> dict[str, Any]:
-    """The target's workload, HTTP 4 workers batched: ours and Agent Lightning in alternate rounds.
-
-    One measurement swings ±20% on this shared machine within minutes, so the ratio is taken from
-    each side's median over interleaved rounds, a fresh seed before each; both servers start fresh.
-    """
-    tmp = tempfile.mkdtemp(prefix="rollfleet-bench-")
-    ours, ours_url = ours_server(f"sqlite:///{tmp}/headline.db")
-    theirs, agl_url = agl_server()
-    rounds: dict[str, list[float]] = {"ours": [], "agl": []}
-    try:
-        for _ in range(ROUNDS):
-            client(PY, "ours", ours_url, "seed", n=SEED)
-            rounds["ours"].append(clients(PY, "ours", ours_url, "claim_batch", 4))
-            client(str(PEERS_PY), "agl", agl_url, "seed", n=SEED)
-            rounds["agl"].append(clients(str(PEERS_PY), "agl", agl_url, "claim_batch", 4))
-    finally:
-        stop(ours)
-        stop(theirs)
-    ours_median, agl_median = statistics.median(rounds["ours"]), statistics.median(rounds["agl"])
-    return {
-        "workload": "http_claim_complete_batched_4",
-        "rounds": rounds,
-        "ours_median": ours_median,
-        "agl_median": agl_median,
-        "ratio": ours_median / agl_median,
-    }
-
-
 PG_BASE = os.environ.get("PG_AB_BASE", "63c15b3")  # the commit before issue 19's PostgreSQL changes
 
 
@@ -369,6 +355,21 @@ def main_postgres() -> dict[str, Any]:
     )  # the older figures keep their machine
 
 
+def main_fair() -> dict[str, Any]:
+    """Only the fair cells (:mod:`bench._store_fair`); the other figures of the results stay."""
+    path = ROOT / "bench" / "results" / "store_throughput.json"
+    results = json.loads(path.read_text()) if path.exists() else {}
+    results.pop("benchmark", None)
+    command = results.pop("command", "python -m bench store_throughput")
+    results.pop("headline", None)  # the older, unfair cell: replaced by "fair"
+    results["fair"] = {
+        **fair(ROUNDS, src_of(BASE)),
+        "command": "python -m bench.store_throughput fair",
+        "machine": machine(),
+    }
+    return write_results("store_throughput", results, command)
+
+
 def main() -> dict[str, Any]:
     """Measure everything side by side and write bench/results/store_throughput.json."""
     tmp = tempfile.mkdtemp(prefix="rollfleet-bench-")
@@ -384,24 +385,7 @@ def main() -> dict[str, Any]:
         agl() if peers_available("agentlightning") else "not installed (make peers)"
     )
     if isinstance(results["agentlightning_0_3_0"], dict):
-        results["headline"] = head = headline()
-        table(
-            "the target's workload: HTTP, 4 workers, batched (16), interleaved rounds",
-            ["", "rounds", "median"],
-            [
-                [
-                    "ours SQLite",
-                    ", ".join(f"{x:,.0f}" for x in head["rounds"]["ours"]),
-                    head["ours_median"],
-                ],
-                [
-                    "AGL 0.3.0",
-                    ", ".join(f"{x:,.0f}" for x in head["rounds"]["agl"]),
-                    head["agl_median"],
-                ],
-                ["ratio", "", f"{head['ratio']:.1f}×"],
-            ],
-        )
+        results["fair"] = fair(ROUNDS, src_of(BASE))
     keys = [k for k in results["ours_sqlite"] if k != "dispatch_latency"]
     rows = []
     for k in keys:
@@ -434,4 +418,4 @@ def main() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main_postgres() if sys.argv[1:] == ["postgres"] else main()
+    {"postgres": main_postgres, "fair": main_fair}.get(" ".join(sys.argv[1:]), main)()

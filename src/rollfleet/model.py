@@ -369,6 +369,14 @@ class CompletionOutcome(Record):
     error: str | None = None
 
 
+class Handover(Record):
+    """What ``complete_and_claim`` did: each completion's outcome, then the rollouts leased to the
+    worker (none when any completion was refused)."""
+
+    outcomes: list[CompletionOutcome]
+    claimed: list[Rollout]
+
+
 class ReapReport(Record):
     """What one reaper pass did."""
 

@@ -32,6 +32,7 @@ from rollfleet.model import (
     AttemptStatus,
     Completion,
     CompletionOutcome,
+    Handover,
     HeartbeatReply,
     Page,
     ReapReport,
@@ -251,6 +252,30 @@ class HttpStore:
             list[CompletionOutcome],
             await self._call("POST", "/attempts/complete", body, retry=True),
         )
+
+    async def complete_and_claim(
+        self, items: Sequence[Completion], worker_id: str, max_n: int = 1
+    ) -> Handover:
+        """End attempts and lease up to ``max_n`` more in one request; a refused completion
+        claims nothing. Not sent again after a failure (a lost answer's lease would be orphaned):
+        StoreUnavailable, and the caller completes alone (``complete_many`` is safe to retry)."""
+        return _decode(Handover, await self._complete_and_claim(items, worker_id, max_n))
+
+    async def complete_and_claim_documents(
+        self, items: Sequence[Completion], worker_id: str, max_n: int = 1
+    ) -> dict[str, Any]:
+        """``complete_and_claim``, answered as plain JSON values."""
+        return dict(orjson.loads(await self._complete_and_claim(items, worker_id, max_n)))
+
+    async def _complete_and_claim(
+        self, items: Sequence[Completion], worker_id: str, max_n: int
+    ) -> bytes:
+        body = {
+            "items": [i.model_dump(mode="json") for i in items],
+            "worker_id": worker_id,
+            "max_n": max_n,
+        }
+        return await self._call("POST", "/attempts/complete-and-claim", body)
 
     async def release(self, attempt_id: str, reason: str = "released") -> Rollout:
         """Give a rollout back to the queue without charging its retry budget."""

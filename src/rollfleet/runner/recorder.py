@@ -69,17 +69,50 @@ async def until_reached(
         pause = min(2.0, 2 * pause)
 
 
+@dataclass(frozen=True)
+class Refill:
+    """How a runner takes the slots of its completions again in the same request: ``wanted(n)``,
+    how many rollouts to claim as ``n`` attempts end (0: none, e.g. while stopping); ``start``,
+    what to do with those claimed."""
+
+    wanted: Callable[[int], int]
+    start: Callable[[list[Rollout]], Awaitable[None]]
+
+
 class AttemptRecorder:
     """Writes the steps and ends of one runner's attempts, and counts the ends in ``stats``."""
 
-    def __init__(self, store: Store, worker_id: str, stats: RunnerStats, on_event: EventFn) -> None:
+    def __init__(
+        self,
+        store: Store,
+        worker_id: str,
+        stats: RunnerStats,
+        on_event: EventFn,
+        refill: Refill | None = None,
+    ) -> None:
         self.store = store
         self.worker_id = worker_id
         self.stats = stats
         self.on_event = on_event
+        self.refill = refill
         self._completions: NaturalBatcher[Completion, CompletionOutcome] = NaturalBatcher(
-            store.complete_many
+            self._complete_many
         )
+
+    async def _complete_many(self, items: list[Completion]) -> list[CompletionOutcome]:
+        """Send ends; with ``refill``, with the claim of the next rollouts in the same request
+        (``complete_and_claim``), which the runner then starts."""
+        wanted = 0 if self.refill is None else self.refill.wanted(len(items))
+        if self.refill is None or wanted < 1:
+            return await self.store.complete_many(items)
+        try:
+            got = await self.store.complete_and_claim(items, self.worker_id, wanted)
+        except RollfleetError as exc:  # its answer may be lost: ends may be sent again, claims not
+            log.info("%s: complete-and-claim failed (%s); completing alone", self.worker_id, exc)
+            return await self.store.complete_many(items)
+        if got.claimed:
+            await self.refill.start(got.claimed)
+        return got.outcomes
 
     async def record_steps(self, rollout: Rollout, attempt_id: str, steps: list[StepIn]) -> None:
         """An agent's durable record: written now, through a server restart (within a lease)."""

@@ -30,7 +30,14 @@ from rollfleet.runner.agent import Agent, agent_defaults, load_agent, to_result
 from rollfleet.runner.batching import NaturalBatcher
 from rollfleet.runner.context import AttemptContext
 from rollfleet.runner.describe import describe, input_preview
-from rollfleet.runner.recorder import AttemptRecorder, EventFn, Outcome, RunnerStats, until_reached
+from rollfleet.runner.recorder import (
+    AttemptRecorder,
+    EventFn,
+    Outcome,
+    Refill,
+    RunnerStats,
+    until_reached,
+)
 from rollfleet.store.base import Store
 
 log = logging.getLogger("rollfleet.runner")
@@ -101,7 +108,9 @@ class Runner:
         self._aborting = False
         self._claim_backoff = Backoff()  # an overloaded server is not asked again in step
         self._resources: tuple[float, Resources | None] = (0.0, None)
-        self._recorder = AttemptRecorder(store, self.worker_id, self.stats, self.on_event)
+        # a completion claims its slot's next rollout in the same request (the runner's rhythm)
+        refill = Refill(lambda n: 0 if self._stopping.is_set() else n, self._start_all)
+        self._recorder = AttemptRecorder(store, self.worker_id, self.stats, self.on_event, refill)
         self._starts: NaturalBatcher[str, HeartbeatReply | None] = NaturalBatcher(
             self._heartbeat_aligned
         )

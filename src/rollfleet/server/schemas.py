@@ -75,6 +75,14 @@ class CompleteMany(Record):
     items: list[Completion] = Field(max_length=10_000)
 
 
+class CompleteAndClaim(Record):
+    """Body of POST /attempts/complete-and-claim."""
+
+    items: list[Completion] = Field(min_length=1, max_length=10_000)
+    worker_id: str = Field(min_length=1, max_length=200, pattern=ID_PATTERN)
+    max_n: int = Field(default=1, ge=0, le=1000)
+
+
 class ReleaseRequest(Record):
     """Body of POST /attempts/{id}/release."""
 

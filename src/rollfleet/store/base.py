@@ -13,6 +13,7 @@ from rollfleet.model import (
     AttemptStatus,
     Completion,
     CompletionOutcome,
+    Handover,
     HeartbeatReply,
     Page,
     ReapReport,
@@ -120,6 +121,20 @@ class Store(Protocol):
 
     async def complete_many(self, items: Sequence[Completion]) -> list[CompletionOutcome]:
         """End many attempts in one call; each is fenced on its own and answered on its own."""
+        ...
+
+    async def complete_and_claim(
+        self, items: Sequence[Completion], worker_id: str, max_n: int = 1
+    ) -> Handover:
+        """``complete_many``, then, only if every completion stood, lease up to ``max_n`` rollouts
+        to ``worker_id`` (``claim`` without a wait), as one durable transaction: the runner's
+        rhythm in one call. A refused (fenced) completion claims nothing and changes nothing."""
+        ...
+
+    async def complete_and_claim_documents(
+        self, items: Sequence[Completion], worker_id: str, max_n: int = 1
+    ) -> dict[str, Any]:
+        """``complete_and_claim`` as plain JSON values: ``{"outcomes": […], "claimed": […]}``."""
         ...
 
     async def release(self, attempt_id: str, reason: str = "released") -> Rollout:

@@ -149,10 +149,14 @@ def _open_attempts(
     ]
 
 
-def claim(tx: Tx, worker_id: str, max_n: int, now: float) -> list[dict[str, Any]]:
+def claim(
+    tx: Tx, worker_id: str, max_n: int, now: float, reap_first: bool = True
+) -> list[dict[str, Any]]:
     """Lease up to ``max_n`` queued rollouts to a worker, highest priority first, then FIFO; as
-    documents. A requeued rollout is not leased before its retry delay has passed."""
-    reap(tx, now)
+    documents. A requeued rollout is not leased before its retry delay has passed. With
+    ``reap_first``, lapsed leases are expired first (their rollouts may be leased at once)."""
+    if reap_first:
+        reap(tx, now)
     claimed = sorted(
         tx.all("claim_rollouts", max_n=max_n, now=now), key=lambda r: (-r["priority"], r["seq"])
     )
@@ -160,11 +164,11 @@ def claim(tx: Tx, worker_id: str, max_n: int, now: float) -> list[dict[str, Any]
 
 
 def claim_or_next(
-    tx: Tx, worker_id: str, max_n: int, now: float
+    tx: Tx, worker_id: str, max_n: int, now: float, reap_first: bool = True
 ) -> tuple[list[dict[str, Any]], float | None]:
     """``claim``; when nothing could be leased, also when the first rollout held back by its
     retry delay becomes claimable (None if none is), so a waiting claim wakes for it."""
-    got = claim(tx, worker_id, max_n, now)
+    got = claim(tx, worker_id, max_n, now, reap_first)
     if got:
         return got, None
     row = tx.one("next_available", now=now)
@@ -340,6 +344,22 @@ def complete_many(tx: Tx, items: Sequence[Completion], now: float) -> list[Compl
         else CompletionOutcome(attempt_id=item.attempt_id, rollout_id=a[0], rollout_status=a[1])
         for item, a in zip(items, answers, strict=True)
     ]
+
+
+def complete_and_claim(
+    tx: Tx,
+    items: Sequence[Completion],
+    worker_id: str,
+    max_n: int,
+    now: float,
+    reap_first: bool = True,
+) -> tuple[list[CompletionOutcome], list[dict[str, Any]]]:
+    """``complete_many``, then, only if every completion stood, ``claim`` up to ``max_n`` for
+    ``worker_id``, in the same transaction: a refused (fenced) completion claims nothing."""
+    outcomes = complete_many(tx, items, now)
+    if max_n < 1 or any(o.rollout_status is None for o in outcomes):
+        return outcomes, []
+    return outcomes, claim(tx, worker_id, max_n, now, reap_first)
 
 
 def release(tx: Tx, attempt_id: str, reason: str, now: float) -> Rollout:

@@ -51,6 +51,8 @@ class SqliteTx:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
         self._q = queries.load("sqlite")
+        # PostgreSQL's NOTIFYs and advisory locks are a bare SELECT 1 here: not worth a statement
+        self._noop = frozenset(n for n, q in self._q.items() if q.upper() == "SELECT 1;")
 
     def all(self, name: str, **params: Any) -> list[Row]:
         """Run a named query and return every row."""
@@ -63,6 +65,8 @@ class SqliteTx:
 
     def run(self, name: str, **params: Any) -> int:
         """Run a named statement and return the number of rows it changed."""
+        if name in self._noop:
+            return 0
         return self._conn.execute(self._q[name], params).rowcount
 
     def many(self, name: str, rows: Sequence[dict[str, Any]]) -> int:

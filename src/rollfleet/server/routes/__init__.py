@@ -25,7 +25,7 @@ def store_router(store: Store, hot: Sequence[HotRoute[Any]] | None = None) -> AP
     for route in hot if hot is not None else hot_routes(store):
         add_documenting_route(r, route)
     for noun in NOUNS:
-        r.include_router(noun.routes(store))
+        noun.routes(store, r)  # declared flat: FastAPI matches an included router per request
     return r
 
 

@@ -1,6 +1,6 @@
 """Attempts: heartbeat, complete, release (give back), query.
 
-Claiming and completing many are hot calls (:mod:`rollfleet.server.routes.hot`).
+Claiming and completing (one or many) are hot calls (:mod:`rollfleet.server.routes.hot`).
 """
 
 from __future__ import annotations
@@ -16,17 +16,12 @@ from rollfleet.server.routes.common import PageLimit, as_json
 from rollfleet.store.base import Store
 
 
-def routes(store: Store) -> APIRouter:
-    """The attempt routes over ``store``."""
-    r = APIRouter()
+def routes(store: Store, r: APIRouter) -> APIRouter:
+    """The attempt routes over ``store``, declared on ``r``."""
 
     @r.post("/attempts/{attempt_id}/heartbeat")
     async def heartbeat(attempt_id: str) -> Response:
         return as_json(await store.heartbeat(attempt_id))
-
-    @r.post("/attempts/{attempt_id}/complete")
-    async def complete(attempt_id: str, body: s.CompleteRequest) -> Response:
-        return as_json(await store.complete(attempt_id, body.status, body.result, body.error))
 
     @r.post("/attempts/{attempt_id}/release")
     async def release(attempt_id: str, body: s.ReleaseRequest) -> Response:

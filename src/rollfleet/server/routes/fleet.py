@@ -9,9 +9,8 @@ from rollfleet.server.routes.common import as_json
 from rollfleet.store.base import Store
 
 
-def routes(store: Store) -> APIRouter:
-    """The statistics and reap routes over ``store``."""
-    r = APIRouter()
+def routes(store: Store, r: APIRouter) -> APIRouter:
+    """The statistics and reap routes over ``store``, declared on ``r``."""
 
     @r.get("/statistics")
     async def statistics() -> Response:

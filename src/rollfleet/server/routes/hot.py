@@ -1,4 +1,5 @@
-"""The calls on the path of every rollout (enqueue many, claim, complete many), declared once.
+"""The calls on the path of every rollout (enqueue many, claim, complete one or many, complete and
+claim), declared once.
 
 Each :class:`HotRoute` is served twice over from the same record: by :class:`LeanRoutes`, an ASGI
 middleware ahead of FastAPI's whole stack, and by an ordinary FastAPI route that documents it in
@@ -52,13 +53,28 @@ def hot_routes(store: Store) -> list[HotRoute[Any]]:
         )
         return Response(orjson.dumps(docs), media_type="application/json")
 
+    async def complete(body: s.CompleteRequest, request: Request) -> Response:
+        attempt_id = request.path_params["attempt_id"]
+        return as_json(await store.complete(attempt_id, body.status, body.result, body.error))
+
     async def complete_many(body: s.CompleteMany, _request: Request) -> Response:
         return as_json(await store.complete_many(body.items))
+
+    async def complete_and_claim(body: s.CompleteAndClaim, _request: Request) -> Response:
+        found = await store.complete_and_claim_documents(body.items, body.worker_id, body.max_n)
+        return Response(orjson.dumps(found), media_type="application/json")
 
     return [
         HotRoute("/rollouts/batch", "enqueue_many", s.EnqueueMany, enqueue_many),
         HotRoute("/claims", "claim", s.ClaimRequest, claim),
         HotRoute("/attempts/complete", "complete_many", s.CompleteMany, complete_many),
+        HotRoute("/attempts/{attempt_id}/complete", "complete", s.CompleteRequest, complete),
+        HotRoute(
+            "/attempts/complete-and-claim",
+            "complete_and_claim",
+            s.CompleteAndClaim,
+            complete_and_claim,
+        ),
     ]
 
 
@@ -99,20 +115,40 @@ class LeanRoutes:
         check: Callable[[Request], Awaitable[None]],
     ) -> None:
         self.app = app
-        self.routes = {route.path: route for route in routes}
+        self.routes = {route.path: route for route in routes if "{" not in route.path}
+        # "/attempts/{attempt_id}/complete" -> ("/attempts/", "attempt_id", "/complete", route)
+        self.patterns = [
+            (head, name, tail, route)
+            for route in routes
+            if "{" in route.path
+            for head, rest in [route.path.split("{", 1)]
+            for name, tail in [rest.split("}", 1)]
+        ]
         self.check = check
+
+    def match(self, path: str) -> tuple[HotRoute[Any] | None, dict[str, str]]:
+        """The lean route serving ``path`` and its path parameter, or None."""
+        route = self.routes.get(path)
+        if route is not None:
+            return route, {}
+        for head, name, tail, route in self.patterns:
+            if path.startswith(head) and path.endswith(tail):
+                value = path[len(head) : len(path) - len(tail)]
+                if value and "/" not in value:
+                    return route, {name: value}
+        return None, {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve a lean route, or pass the request on to FastAPI."""
-        route = (
-            self.routes.get(scope["path"])
+        route, params = (
+            self.match(scope["path"])
             if scope["type"] == "http" and scope["method"] == "POST"
-            else None
+            else (None, {})
         )
         if route is None:
             await self.app(scope, receive, send)
             return
-        request = Request(scope, receive)
+        request = Request({**scope, "path_params": params} if params else scope, receive)
         try:
             await self.check(request)
             raw = await request.body()

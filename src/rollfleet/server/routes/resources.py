@@ -10,9 +10,8 @@ from rollfleet.server.routes.common import as_json
 from rollfleet.store.base import Store
 
 
-def routes(store: Store) -> APIRouter:
-    """The resource routes over ``store``."""
-    r = APIRouter()
+def routes(store: Store, r: APIRouter) -> APIRouter:
+    """The resource routes over ``store``, declared on ``r``."""
 
     @r.post("/resources")
     async def add_resources(body: s.AddResources) -> Response:

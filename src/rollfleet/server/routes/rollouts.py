@@ -16,9 +16,8 @@ from rollfleet.server.routes.common import PageLimit, as_json
 from rollfleet.store.base import Store
 
 
-def routes(store: Store) -> APIRouter:
-    """The rollout routes over ``store``."""
-    r = APIRouter()
+def routes(store: Store, r: APIRouter) -> APIRouter:
+    """The rollout routes over ``store``, declared on ``r``."""
 
     @r.post("/rollouts")
     async def enqueue(spec: RolloutSpec) -> Response:

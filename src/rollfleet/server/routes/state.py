@@ -10,9 +10,8 @@ from rollfleet.server.routes.common import as_json
 from rollfleet.store.base import Store
 
 
-def routes(store: Store) -> APIRouter:
-    """The state routes over ``store``."""
-    r = APIRouter()
+def routes(store: Store, r: APIRouter) -> APIRouter:
+    """The state routes over ``store``, declared on ``r``."""
 
     @r.put("/state/{key:path}")
     async def put_state(key: str, body: s.PutState) -> Response:

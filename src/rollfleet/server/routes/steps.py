@@ -12,9 +12,8 @@ from rollfleet.server.routes.common import PageLimit, as_json
 from rollfleet.store.base import Store
 
 
-def routes(store: Store) -> APIRouter:
-    """The step routes over ``store``."""
-    r = APIRouter()
+def routes(store: Store, r: APIRouter) -> APIRouter:
+    """The step routes over ``store``, declared on ``r``."""
 
     @r.post("/attempts/{attempt_id}/steps")
     async def add_steps(attempt_id: str, body: s.AddSteps) -> Response:

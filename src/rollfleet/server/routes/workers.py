@@ -10,9 +10,8 @@ from rollfleet.server.routes.common import PageLimit, as_json
 from rollfleet.store.base import Store
 
 
-def routes(store: Store) -> APIRouter:
-    """The worker routes over ``store``."""
-    r = APIRouter()
+def routes(store: Store, r: APIRouter) -> APIRouter:
+    """The worker routes over ``store``, declared on ``r``."""
 
     @r.post("/workers")
     async def register_worker(body: s.RegisterWorker) -> Response:
