@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rollfleet.errors import Conflict, InvalidInput, NotFound, RollfleetError
+from rollfleet.errors import Conflict, InvalidInput, RollfleetError
 from rollfleet.model import (
     ACTIVE_ATTEMPT,
     AttemptStatus,
@@ -19,13 +19,11 @@ from rollfleet.model import (
     CompletionOutcome,
     HeartbeatReply,
     ReapReport,
-    Resources,
     Rollout,
     RolloutResult,
     RolloutSpec,
     RolloutStatus,
     StepIn,
-    Worker,
     WorkerStatus,
     check_rollout_transition,
     new_id,
@@ -41,7 +39,6 @@ from rollfleet.store.ends import (
     live_attempt,
     write_ends,
 )
-from rollfleet.store.reads import get_resources, query_workers
 from rollfleet.store.records import _ids, dumps, get_rollout, get_rollouts, rollout_doc
 from rollfleet.store.tx import Row, Tx
 
@@ -453,50 +450,3 @@ def reap(tx: Tx, now: float) -> ReapReport:
         report["requeued" if queued else "failed"].append(end.row["rollout_id"])
     offline = [r["worker_id"] for r in tx.all("stale_workers", now=now)]
     return ReapReport(workers_offline=offline, **report)
-
-
-# --- workers --------------------------------------------------------------------------------------
-
-
-def register_worker(
-    tx: Tx, worker_id: str, metadata: dict[str, Any], lease_s: float, now: float
-) -> Worker:
-    """Create or revive a worker row as IDLE.
-
-    One process holds a worker id at a time, so attempts still live under this id belonged to a
-    process that died (a runner restarted after SIGKILL, preemption, the OOM killer): they are
-    LOST now, and their rollouts requeued, rather than when their leases lapse.
-    """
-    live = tx.all("live_attempts_of_worker", worker_id=worker_id)
-    reason = f"lost with runner {worker_id}: it restarted"
-    expire(tx, {r["attempt_id"]: (AttemptStatus.LOST, reason) for r in live}, now)
-    tx.run("upsert_worker", worker_id=worker_id, metadata=dumps(metadata), lease_s=lease_s, now=now)
-    return query_workers(tx, worker_id, None, 1).items[0]
-
-
-def update_worker(tx: Tx, worker_id: str, status: WorkerStatus | None, now: float) -> Worker:
-    """Record a worker's heartbeat and, if given, its new status."""
-    if not tx.run(
-        "touch_worker",
-        worker_id=worker_id,
-        status=None if status is None else status.value,
-        now=now,
-    ):
-        raise NotFound(f"worker {worker_id} not found")
-    return query_workers(tx, worker_id, None, 1).items[0]
-
-
-def add_resources(
-    tx: Tx, values: dict[str, Any], resources_id: str | None, now: float
-) -> Resources:
-    """Store a new version of the named resources."""
-    rid = resources_id or new_id("res")
-    tx.run("insert_resources", resources_id=rid, vals=dumps(values), now=now)
-    found = get_resources(tx, rid)
-    assert found is not None
-    return found
-
-
-def kv_put(tx: Tx, key: str, value: Any, now: float) -> None:
-    """Store a JSON value under a key (used by the coordinator to persist batches)."""
-    tx.run("kv_put", key=key, value=dumps(value), now=now)

@@ -15,21 +15,17 @@ from typing import Any, Protocol, TypeVar
 
 from rollfleet.errors import InvalidInput, NotFound
 from rollfleet.model import (
-    Attempt,
     AttemptStatus,
     Completion,
     CompletionOutcome,
     Handover,
     HeartbeatReply,
-    Page,
     ReapReport,
     Resources,
     Rollout,
     RolloutResult,
     RolloutSpec,
     RolloutStatus,
-    Statistics,
-    Step,
     StepIn,
     Worker,
     WorkerStatus,
@@ -37,8 +33,8 @@ from rollfleet.model import (
 from rollfleet.model import (
     now as wall_now,
 )
-from rollfleet.store import ops, reads, records
-from rollfleet.store.blobs import Blob
+from rollfleet.store import ops, records, side_writes
+from rollfleet.store.sql_reads import SqlReads, statuses_of
 
 log = logging.getLogger("rollfleet.store")
 T = TypeVar("T")
@@ -103,18 +99,7 @@ async def _wait(event: asyncio.Event, timeout: float) -> None:
         await asyncio.wait_for(event.wait(), timeout)
 
 
-def _statuses(status: Any) -> list[RolloutStatus] | None:
-    if status is None:
-        return None
-    if isinstance(status, (str, RolloutStatus)):
-        status = [status]
-    try:
-        return [RolloutStatus(s) for s in status]
-    except ValueError as exc:
-        raise InvalidInput(f"status: {exc}") from None
-
-
-class SqlStore:
+class SqlStore(SqlReads):
     """The Store protocol over a SQL backend."""
 
     def __init__(self, backend: Backend, *, clock: Callable[[], float] = wall_now) -> None:
@@ -347,7 +332,7 @@ class SqlStore:
         """Operator reset: put stuck PREPARING/RUNNING rollouts back in the queue."""
         ids = await self._write(
             ops.requeue,
-            _statuses(statuses) or [],
+            statuses_of(statuses) or [],
             rollout_ids,
             older_than_s,
             self._clock(),
@@ -373,64 +358,12 @@ class SqlStore:
 
     # --- reads ----------------------------------------------------------------------------------
 
-    async def get_rollout(self, rollout_id: str) -> Rollout:
-        """Return one rollout or raise NotFound; durable: what it returns survives a power cut."""
-        rollout = await self.backend.read(records.get_rollout, rollout_id)
-        await self.backend.durable()
-        return rollout
-
-    async def query_rollouts(
-        self,
-        *,
-        status: Any = None,
-        mode: str | None = None,
-        batch_id: str | None = None,
-        group_id: str | None = None,
-        worker_id: str | None = None,
-        search: str | None = None,
-        cursor: str | None = None,
-        limit: int = 100,
-        order: str = "asc",
-        updated_after: float | None = None,
-    ) -> Page[Rollout]:
-        """Return a page of rollouts matching the filters (``updated_after``: changed since
-        then)."""
-        return await self.backend.read(
-            lambda tx: reads.query_rollouts(
-                tx,
-                statuses=_statuses(status),
-                mode=mode,
-                batch_id=batch_id,
-                group_id=group_id,
-                worker_id=worker_id,
-                search=search,
-                cursor=cursor,
-                limit=limit,
-                order=order,
-                updated_after=updated_after,
-            )
-        )
-
-    async def query_attempts(
-        self,
-        rollout_id: str | None = None,
-        worker_id: str | None = None,
-        status: Sequence[AttemptStatus] | None = None,
-        cursor: str | None = None,
-        limit: int = 100,
-    ) -> Page[Attempt]:
-        """Return a page of attempts."""
-        statuses = None if status is None else [AttemptStatus(s) for s in status]
-        return await self.backend.read(
-            reads.query_attempts, rollout_id, worker_id, statuses, cursor, limit
-        )
-
     async def register_worker(
         self, worker_id: str, metadata: dict[str, Any] | None = None, lease_s: float = 30.0
     ) -> Worker:
         """Create or revive a worker as IDLE."""
         worker = await self._write(
-            ops.register_worker, worker_id, metadata or {}, lease_s, self._clock()
+            side_writes.register_worker, worker_id, metadata or {}, lease_s, self._clock()
         )
         log.info("worker %s registered", worker_id)
         return worker
@@ -438,45 +371,15 @@ class SqlStore:
     async def update_worker(self, worker_id: str, status: WorkerStatus | None = None) -> Worker:
         """Record a worker's heartbeat and, if given, its status."""
         status = None if status is None else WorkerStatus(status)
-        return await self._write(ops.update_worker, worker_id, status, self._clock(), durable=False)
-
-    async def query_workers(self, cursor: str | None = None, limit: int = 100) -> Page[Worker]:
-        """Return a page of workers."""
-        return await self.backend.read(reads.query_workers, None, cursor, limit)
-
-    async def query_steps(
-        self,
-        rollout_id: str,
-        attempt_id: str | None = None,
-        cursor: str | None = None,
-        limit: int = 500,
-    ) -> Page[Step]:
-        """Return a page of a rollout's steps in order."""
-        return await self.backend.read(reads.query_steps, rollout_id, attempt_id, cursor, limit)
-
-    async def query_steps_many(
-        self, rollout_ids: Sequence[str], cursor: str | None = None, limit: int = 500
-    ) -> Page[Step]:
-        """Return a page of the steps of up to 1,000 rollouts, by rollout id then sequence."""
-        return await self.backend.read(reads.query_steps_many, list(rollout_ids), cursor, limit)
+        return await self._write(
+            side_writes.update_worker, worker_id, status, self._clock(), durable=False
+        )
 
     async def add_resources(
         self, values: dict[str, Any], resources_id: str | None = None
     ) -> Resources:
         """Store a new version of the resources agents use."""
-        return await self._write(ops.add_resources, values, resources_id, self._clock())
-
-    async def get_blob(self, sha256: str) -> Blob:
-        """One image of a trajectory by its sha256 (``rollfleet-blob:<sha256>`` in a step)."""
-        return await self.backend.read(reads.get_blob, sha256)
-
-    async def get_latest_resources(self) -> Resources | None:
-        """Return the newest resources, or None."""
-        return await self.backend.read(reads.get_resources, None)
-
-    async def statistics(self) -> Statistics:
-        """Counts by status, queue depth and totals."""
-        return await self.backend.read(reads.statistics)
+        return await self._write(side_writes.add_resources, values, resources_id, self._clock())
 
     async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float) -> list[Rollout]:
         """Wait until every given rollout is terminal or the timeout passes; return them as they
@@ -495,15 +398,7 @@ class SqlStore:
 
     async def put_state(self, key: str, value: Any) -> None:
         """Store a JSON value under a key (component state such as batches)."""
-        await self._write(ops.kv_put, key, value, self._clock())
-
-    async def get_state(self, key: str) -> Any:
-        """Return the JSON value under a key, or None."""
-        return await self.backend.read(reads.kv_get, key)
-
-    async def scan_state(self, prefix: str) -> dict[str, Any]:
-        """Return every stored key/value under a prefix."""
-        return await self.backend.read(reads.kv_scan, prefix)
+        await self._write(side_writes.kv_put, key, value, self._clock())
 
     # --- lifecycle ------------------------------------------------------------------------------
 
