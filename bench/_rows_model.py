@@ -155,17 +155,17 @@ def train_threads_rows(d: dict[str, Any]) -> list[str]:
     st, split, shared = d["settings"], d["sides"]["split"], d["sides"]["shared"]
 
     def cell(f: dict[str, Any]) -> str:
-        parts = " / ".join(
-            f"{f['split_s'][key]:.1f}" for key in ("seconds/wait", "seconds/train", "seconds/sync")
-        )
+        keys = ("seconds/wait", "seconds/train", "seconds/sync")
+        parts = " / ".join(f"{f['split_s'][key]:.1f}" for key in keys)
         return f"{spread(f['samples_per_s'], 2)} samples/s, step {f['step_s']['median']:.1f} s ({parts})"
 
+    engine, trainer = st["split"]["engine_threads"], st["split"]["trainer_threads"]
     return [
-        f"| train | cores by phase at max_staleness K={st['max_staleness']}: `rollfleet train` on the real SmolLM2 (LoRA, "
-        f"{st['tasks']} x {st['group']} samples a step, {st['max_tokens']} tokens, {st['steps']} steps, {st['cores']} cores), "
-        f"the cores split (engine {st['split']['engine_threads']} / trainer {st['split']['trainer_threads']} threads) vs "
-        f"every core to both, median [range] of {st['rounds']} alternating rounds; step s wait / train / sync | "
-        f"{cell(split)} | {cell(shared)} (every core to both, before) | {d['split_vs_shared']:.2f}× |"
+        f"| train | cores by phase at max_staleness K={st['max_staleness']}: `rollfleet train` on the real SmolLM2 "
+        f"(LoRA, {st['tasks']} x {st['group']} samples a step, {st['max_tokens']} tokens, {st['steps']} steps, "
+        f"{st['cores']} cores), every core to both engine and trainer (the default) vs the cores split, median "
+        f"[range] of {st['rounds']} alternating rounds; step s wait / train / sync | {cell(shared)} | "
+        f"{cell(split)} (split: engine {engine} / trainer {trainer} threads) | {1 / d['split_vs_shared']:.2f}× |"
     ]
 
 

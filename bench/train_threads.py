@@ -1,7 +1,7 @@
 """Cores by phase under asynchronous training: ``rollfleet train`` at max_staleness K=1 with its
-cores split between the engine and the trainer (the default: ``TrainOptions.cores_by_phase``)
-against every core given to both (what it did before: llama.cpp and torch each took all of them
-while running at once).
+cores split between the engine and the trainer (half each) against every core given to both
+(llama.cpp and torch each take all of them while they overlap: the default,
+``TrainOptions.cores_by_phase``, chosen by this measurement).
 
 Equal work for both sides: the same STEPS steps over the bundled arithmetic tasks (math mode,
 TASKS x GROUP samples a step, MAX_TOKENS tokens, LoRA r=16 on q/v, lr 5e-4, seed 0), through the
@@ -39,7 +39,7 @@ def one_run(side: str, out: Path) -> list[dict[str, Any]]:
     from rollfleet.run.train_options import TrainOptions
 
     cores = len(os.sched_getaffinity(0))
-    shared = side == "shared"
+    engine = max(1, cores // 2) if side == "split" else cores
     opts = TrainOptions(
         mode="math",
         data=ROOT / "src" / "rollfleet" / "examples" / "arith.jsonl",
@@ -49,8 +49,8 @@ def one_run(side: str, out: Path) -> list[dict[str, Any]]:
         group_size=GROUP,
         max_staleness=K,
         max_tokens=MAX_TOKENS,
-        trainer_threads=cores if shared else None,
-        extra={"engine_threads": cores} if shared else {},
+        trainer_threads=max(1, cores - engine) if side == "split" else cores,
+        extra={"engine_threads": engine},
     )
     return asyncio.run(train(opts, Console(quiet=True)))
 
@@ -62,8 +62,6 @@ def spread(values: list[float]) -> dict[str, float]:
 
 def main() -> dict[str, Any]:
     """Measure, print, write bench/results/train_threads.json."""
-    from rollfleet.run.train_options import TrainOptions
-
     sides = ("split", "shared")
     runs: dict[str, list[list[dict[str, Any]]]] = {s: [] for s in sides}
     orders = [list(sides) if r % 2 == 0 else list(sides)[::-1] for r in range(ROUNDS)]
@@ -91,8 +89,7 @@ def main() -> dict[str, Any]:
         }
     ratio = found["split"]["samples_per_s"]["median"] / found["shared"]["samples_per_s"]["median"]
     cores = len(os.sched_getaffinity(0))
-    probe = TrainOptions(mode="math", data=Path("x"), output_dir=Path("x"), max_staleness=K)
-    engine, trainer = probe.cores_by_phase()
+    engine = max(1, cores // 2)
     table(
         f"rollfleet train K={K}, {TASKS} x {GROUP} samples a step, {cores} cores",
         ["side", "samples/s", "step s", "wait / train / sync s"],
@@ -115,7 +112,7 @@ def main() -> dict[str, Any]:
         "max_tokens": MAX_TOKENS,
         "max_staleness": K,
         "cores": cores,
-        "split": {"engine_threads": engine, "trainer_threads": trainer},
+        "split": {"engine_threads": engine, "trainer_threads": max(1, cores - engine)},
         "shared": {"engine_threads": cores, "trainer_threads": cores},
     }
     return write_results(

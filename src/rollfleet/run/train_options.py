@@ -115,16 +115,13 @@ class TrainOptions:
             check_model(self.model, self.engine)
 
     def cores_by_phase(self) -> tuple[int, int]:
-        """Threads for the engine and for the trainer, from this machine's cores. Synchronous
-        (K=0) the phases take turns, so each gets every core (the engine as ``rollfleet run``
-        gives it, a core left for sandboxed programs); asynchronous they run at once and split
-        the cores, since ggml's threads spin-wait and stall beside a busy trainer thread."""
-        cores = len(os.sched_getaffinity(0))
-        engine = engine_threads(get_mode(self.mode))
-        if self.max_staleness == 0:
-            return engine, cores
-        engine = min(engine, max(1, cores // 2))
-        return engine, max(1, cores - engine)
+        """Threads for the engine and for the trainer, from this machine's cores: each gets every
+        core (the engine as ``rollfleet run`` gives it, a core left for sandboxed programs).
+        Synchronous (K=0) the phases take turns. Asynchronous they overlap, and splitting the
+        cores between them measured slower on 2 cores than sharing all of them
+        (bench/train_threads.py): the engine finishes a step's batch early and then idles, while
+        a trainer on fewer threads is slower for the whole step."""
+        return engine_threads(get_mode(self.mode)), len(os.sched_getaffinity(0))
 
     def run_options(self) -> RunOptions:
         """The fleet's options: one rollout slot per sample of a step's batch."""
