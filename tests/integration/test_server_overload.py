@@ -172,7 +172,7 @@ async def runners(served: tuple[str, int, Path]) -> AsyncIterator[tuple[Proxy, l
     await asyncio.wait_for(all_registered.wait(), 60)
     yield proxy, made
     for r in made:
-        r.release()
+        r.stop(drain=False)
     await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
     for r in made:
         await r.store.close()
