@@ -65,6 +65,22 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def side_figures(runs: list[list[dict[str, Any]]], split: tuple[str, ...]) -> dict[str, Any]:
+    """One side's figures from its runs' step records: samples trained per second over each run,
+    and the step time and its ``split`` over every step but each run's first (the cold one)."""
+    later = [s for run in runs for s in run[1:]]
+    trained = [sum(s["experiences"] for s in run) for run in runs]
+    loop_s = [sum(s["seconds/step"] for s in run) for run in runs]
+    return {
+        "step_s": spread([s["seconds/step"] for s in later]),
+        "split_s": {key: statistics.median(s[key] for s in later) for key in split},
+        "samples_per_s": spread([n / t for n, t in zip(trained, loop_s, strict=True)]),
+        # a batch whose groups all scored alike trains nothing: a short step, less work
+        "untrained_steps": sum(not s["trained"] for run in runs for s in run),
+        "runs": [[round(s["seconds/step"], 2) for s in run] for run in runs],
+    }
+
+
 def main() -> dict[str, Any]:
     """Measure, print, write bench/results/train.json."""
     runs: dict[int, list[dict[str, Any]]] = {k: [] for k in KS}
@@ -85,17 +101,10 @@ def main() -> dict[str, Any]:
             )
     sides: dict[str, Any] = {}
     for k in KS:
-        later = [s for run in runs[k] for s in run["steps"][1:]]
-        trained = [sum(s["experiences"] for s in run["steps"]) for run in runs[k]]
-        loop_s = [sum(s["seconds/step"] for s in run["steps"]) for run in runs[k]]
+        steps = [run["steps"] for run in runs[k]]
         sides[str(k)] = {
-            "step_s": spread([s["seconds/step"] for s in later]),
-            "split_s": {key: statistics.median(s[key] for s in later) for key in SPLIT},
-            "samples_per_s": spread([n / t for n, t in zip(trained, loop_s, strict=True)]),
-            "staleness_max": max(s["staleness/max"] for run in runs[k] for s in run["steps"]),
-            # a batch whose groups all scored alike trains nothing: a short step, less work
-            "untrained_steps": sum(not s["trained"] for run in runs[k] for s in run["steps"]),
-            "runs": [[round(s["seconds/step"], 2) for s in run["steps"]] for run in runs[k]],
+            **side_figures(steps, SPLIT),
+            "staleness_max": max(s["staleness/max"] for run in steps for s in run),
         }
     sync = sides["0"]["samples_per_s"]["median"]
     for side in sides.values():

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 from rich.console import Console
 
 from bench._common import ROOT, table, write_results
+from bench.train import side_figures
 
 ROUNDS, STEPS, TASKS, GROUP, MAX_TOKENS, K = 2, 4, 4, 8, 48, 1
 COMMAND = "python -m bench train_threads"
@@ -55,11 +55,6 @@ def one_run(side: str, out: Path) -> list[dict[str, Any]]:
     return asyncio.run(train(opts, Console(quiet=True)))
 
 
-def spread(values: list[float]) -> dict[str, float]:
-    """Median, min and max."""
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def main() -> dict[str, Any]:
     """Measure, print, write bench/results/train_threads.json."""
     sides = ("split", "shared")
@@ -75,18 +70,7 @@ def main() -> dict[str, Any]:
             runs[side].append(steps)
             print(f"round {r + 1} {side}: " + " ".join(f"{s['seconds/step']:.1f}" for s in steps))
             sys.stdout.flush()
-    found: dict[str, Any] = {}
-    for side in sides:
-        later = [s for run in runs[side] for s in run[1:]]
-        trained = [sum(s["experiences"] for s in run) for run in runs[side]]
-        loop_s = [sum(s["seconds/step"] for s in run) for run in runs[side]]
-        found[side] = {
-            "samples_per_s": spread([n / t for n, t in zip(trained, loop_s, strict=True)]),
-            "step_s": spread([s["seconds/step"] for s in later]),
-            "split_s": {key: statistics.median(s[key] for s in later) for key in SPLIT},
-            "untrained_steps": sum(not s["trained"] for run in runs[side] for s in run),
-            "runs": [[round(s["seconds/step"], 2) for s in run] for run in runs[side]],
-        }
+    found = {side: side_figures(runs[side], SPLIT) for side in sides}
     ratio = found["split"]["samples_per_s"]["median"] / found["shared"]["samples_per_s"]["median"]
     cores = len(os.sched_getaffinity(0))
     engine = max(1, cores // 2)
