@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support import require
@@ -34,6 +35,15 @@ def saved(root: Path, step: int = 3):  # type: ignore[no-untyped-def]
     return model, optimizer
 
 
+def resume(root: Path, model: Any, optimizer: Any) -> None:
+    """What ``rollfleet train`` does on start: find the checkpoint to resume, then load it."""
+    from rollfleet.train import checkpoint
+
+    where = checkpoint.find(root, {"lr": 0.1})
+    assert where is not None
+    checkpoint.load(where, model, optimizer)
+
+
 @pytest.mark.parametrize(
     ("pointer", "message"),
     [
@@ -46,8 +56,6 @@ def saved(root: Path, step: int = 3):  # type: ignore[no-untyped-def]
 def test_a_latest_pointer_to_anything_but_a_checkpoint_is_refused_and_nothing_deleted(
     tmp_path: Path, pointer: str | None, message: str
 ) -> None:
-    from rollfleet.train import checkpoint
-
     model, optimizer = saved(tmp_path)
     before = sorted(p.name for p in tmp_path.rglob("*"))
     if pointer is None:
@@ -56,7 +64,7 @@ def test_a_latest_pointer_to_anything_but_a_checkpoint_is_refused_and_nothing_de
     else:
         (tmp_path / "latest").write_text(pointer)
     with pytest.raises(InvalidInput, match=message):
-        checkpoint.load(tmp_path, model, optimizer, {"lr": 0.1})
+        resume(tmp_path, model, optimizer)
     assert sorted(p.name for p in tmp_path.rglob("*")) == before  # step-3 is still there
 
 
@@ -73,13 +81,11 @@ def test_a_latest_pointer_to_anything_but_a_checkpoint_is_refused_and_nothing_de
 def test_a_corrupt_checkpoint_is_one_line_naming_the_file(
     tmp_path: Path, file: str, content: bytes, message: str
 ) -> None:
-    from rollfleet.train import checkpoint
-
     model, optimizer = saved(tmp_path)
     weights = model.weight.detach().clone()
     (tmp_path / "step-3" / file).write_bytes(content)
     with pytest.raises(InvalidInput, match=message):
-        checkpoint.load(tmp_path, model, optimizer, {"lr": 0.1})
+        resume(tmp_path, model, optimizer)
     if file != "optimizer.pt":
         assert torch.equal(model.weight, weights)
 
@@ -87,13 +93,11 @@ def test_a_corrupt_checkpoint_is_one_line_naming_the_file(
 def test_a_checkpoint_of_another_model_is_refused_before_any_weight_changes(
     tmp_path: Path,
 ) -> None:
-    from rollfleet.train import checkpoint
-
     saved(tmp_path)
     other = torch.nn.Linear(4, 2)
     weights = other.weight.detach().clone()
     with pytest.raises(InvalidInput, match="policy.pt: tensors that are not this model's"):
-        checkpoint.load(tmp_path, other, torch.optim.Adam(other.parameters()), {"lr": 0.1})
+        resume(tmp_path, other, torch.optim.Adam(other.parameters()))
     assert torch.equal(other.weight, weights)
 
 

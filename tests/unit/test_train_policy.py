@@ -85,7 +85,7 @@ def test_a_checkpoint_restores_weights_and_optimizer_and_refuses_other_settings(
     from rollfleet.train.policy import Policy
 
     root, settings = tmp_path / "checkpoints", {"lr": 0.01, "data": "a.jsonl"}
-    assert checkpoint.load(root, None, None, settings) is None  # nothing saved yet
+    assert checkpoint.find(root, settings) is None  # nothing saved yet
     trained = Policy(tiny(), lr=1e-2, lora_rank=4)
     trained.step(rows())
     checkpoint.save(root, 0, trained.model, trained.optimizer, [{"step": 0}], settings)
@@ -94,8 +94,10 @@ def test_a_checkpoint_restores_weights_and_optimizer_and_refuses_other_settings(
     assert (root / "latest").read_text() == "step-1" and not (root / "step-0").exists()
 
     fresh = Policy(tiny(), lr=1e-2, lora_rank=4)
-    found = checkpoint.load(root, fresh.model, fresh.optimizer, settings)
-    assert found is not None and found.step == 1 and found.records == [{"step": 0}, {"step": 1}]
+    where = checkpoint.find(root, settings)
+    assert where is not None
+    found = checkpoint.load(where, fresh.model, fresh.optimizer)
+    assert found.step == 1 and found.records == [{"step": 0}, {"step": 1}]
     mine = dict(fresh.model.named_parameters())
     for name, value in trained.model.named_parameters():
         assert torch.equal(mine[name], value), name
@@ -103,10 +105,10 @@ def test_a_checkpoint_restores_weights_and_optimizer_and_refuses_other_settings(
     assert fresh.step(rows()).loss == pytest.approx(trained.step(rows()).loss, abs=1e-6)
 
     with pytest.raises(InvalidInput, match=r"other settings: lr 0\.01 \(now 0\.02\)"):
-        checkpoint.load(root, fresh.model, fresh.optimizer, {**settings, "lr": 0.02})
+        checkpoint.find(root, {**settings, "lr": 0.02})
     # a setting only one side has (a newer run's --agent) differs too, named
     with pytest.raises(InvalidInput, match=r"other settings: agent None \(now 'mine:agent'\)"):
-        checkpoint.load(root, fresh.model, fresh.optimizer, {**settings, "agent": "mine:agent"})
+        checkpoint.find(root, {**settings, "agent": "mine:agent"})
 
 
 def test_a_run_at_the_defaults_of_newer_settings_resumes_an_older_checkpoint() -> None:

@@ -72,6 +72,7 @@ async def train(opts: TrainOptions, console: Console) -> list[dict[str, Any]]:
         else []
     )
     claim_output_dir(opts.output_dir, "train")
+    resumable = checkpoint.find(opts.output_dir / "checkpoints", opts.fingerprint())
     torch.manual_seed(opts.seed)
     torch.set_num_threads(opts.trainer_threads or opts.cores_by_phase()[1])
     model = load_policy(opts.model)[0]
@@ -80,8 +81,8 @@ async def train(opts: TrainOptions, console: Console) -> list[dict[str, Any]]:
         f"policy {opts.model_name()} ({policy.trainable_params:,} trainable parameters)",
         soft_wrap=True,
     )
-    found = checkpoint.load(
-        opts.output_dir / "checkpoints", policy.model, policy.optimizer, opts.fingerprint()
+    found = (
+        None if resumable is None else checkpoint.load(resumable, policy.model, policy.optimizer)
     )
     loop = _Loop(opts, policy, specs, eval_specs, [] if found is None else found.records)
     report.rewrite(loop.metrics, loop.records)

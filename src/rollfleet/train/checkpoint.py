@@ -100,16 +100,17 @@ def latest(root: Path) -> Path | None:
     return where
 
 
-def load(root: Path, model: Any, optimizer: Any, fingerprint: dict[str, Any]) -> Checkpoint | None:
-    """Restore the latest checkpoint into ``model`` and ``optimizer``; None when there is none.
+def find(root: Path, fingerprint: dict[str, Any]) -> Path | None:
+    """The latest checkpoint under ``root`` when a run with ``fingerprint`` may resume it; None
+    when there is none.
 
-    InvalidInput naming the file when it is corrupt, or written by a run with other settings
-    (named): resuming it would mix two runs."""
+    Reads only ``meta.json``, so a run started with other settings is refused before it loads a
+    model: InvalidInput naming the settings that differ (resuming would mix two runs), or the
+    file when it is corrupt."""
     where = latest(root)
     if where is None:
         return None
-    meta = _meta(where / "meta.json")
-    saved = meta["fingerprint"]
+    saved = _meta(where / "meta.json")["fingerprint"]
     differ = [
         f"{key} {saved.get(key)!r} (now {fingerprint.get(key)!r})"
         for key in sorted(set(saved) | set(fingerprint))
@@ -120,6 +121,14 @@ def load(root: Path, model: Any, optimizer: Any, fingerprint: dict[str, Any]) ->
             f"{where}: a checkpoint of a run with other settings: {'; '.join(differ)}; "
             "use another --output-dir, or the same settings to resume it"
         )
+    return where
+
+
+def load(where: Path, model: Any, optimizer: Any) -> Checkpoint:
+    """Restore the checkpoint in ``where`` (from ``find``) into ``model`` and ``optimizer``.
+
+    InvalidInput naming the file when it is corrupt or holds another model's tensors."""
+    meta = _meta(where / "meta.json")
     state = _tensors(where / "policy.pt")
     params = dict(model.named_parameters())
     unknown = sorted(set(state) - set(params))
