@@ -12,6 +12,7 @@ send: the tensors whose bytes differ from the last push.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import ssl
 import threading
@@ -159,11 +160,16 @@ def untied(tensors: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
     return out
 
 
+SPARE_MAX = 4 << 30  # bytes: a larger push's memfd is made during the push, not kept between
+log = logging.getLogger("rollfleet.engines")
+
+
 class _Spare:
     """One allocated memfd this process keeps for its next push on this host
     (:func:`~rollfleet.engines.weights.wire.new_push_memfd`), made after each push, off its
-    path, the size of that push: the next one only copies into it. A forked child never takes
-    its parent's. Freed by the kernel with the process, however it ends."""
+    path, the size of that push: the next one only copies into it. A forked child never fills
+    its parent's. Freed by the kernel with the process, however it ends. It costs the process
+    that memory between pushes: none is kept for a push over :data:`SPARE_MAX`."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -173,16 +179,26 @@ class _Spare:
     def take(self) -> int | None:
         """The spare's descriptor, now the caller's (None when there is none)."""
         with self.lock:
-            fd, self.fd = (self.fd, None) if self.pid == os.getpid() else (None, None)
+            fd, self.fd = self.fd, None
+            if fd is not None and self.pid != os.getpid():  # a forked child's copy: let it go
+                os.close(fd)
+                return None
             return fd
 
     def refill(self, used: int, size: int) -> None:
-        """Close a push's memfd, then make the next spare of ``size`` bytes unless one waits."""
+        """Close a push's memfd, then make the next spare of ``size`` bytes unless one waits or
+        it would be over :data:`SPARE_MAX` (no spare when memory is short: the next push makes
+        its memfd itself, and says so if it cannot)."""
         os.close(used)
+        if size > SPARE_MAX:
+            return
         with self.lock:
             if self.fd is not None and self.pid == os.getpid():
                 return
-            self.fd, self.pid = new_push_memfd(size), os.getpid()
+            try:
+                self.fd, self.pid = new_push_memfd(size), os.getpid()
+            except OSError as exc:
+                log.debug("weights: no spare push memfd of %d bytes: %s", size, exc)
 
 
 _SPARE = _Spare()
