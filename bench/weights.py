@@ -8,8 +8,10 @@ moving and installing tensors, which depends on their sizes only.
    process (``PUT /v1/rollfleet/weights/{v}`` naming a sealed memfd, as ``push_weights`` does on
    this host: framing, XXH3-64, the memfd, decoding, the copy into the live model) against a
    plain in-memory copy of the same tensors into a model of the same shape in this process (the
-   physical limit here). Also the time the engine's worker spent on them (the gateway's
-   ``pause_s``: generation stopped) against the whole update (``update_s``), and the same two
+   physical limit here), after one untimed push (the engine makes its standby model, the
+   trainer its spare memfd; the in-process figures leave out their first update too). Also the
+   time the engine's worker spent on them (the gateway's ``pause_s``: generation stopped)
+   against the whole update (``update_s``), and the same two
    in this process for a double-buffered engine (the default: tensors copied into a standby
    model while generation goes on, the worker only swaps the models) and an in-place one
    (``double_buffer=False``: the worker copies them).
@@ -87,7 +89,9 @@ async def _sync() -> dict[str, Any]:
         url = (await asyncio.to_thread(server.stdout.readline)).strip()  # type: ignore[union-attr]
         await asyncio.sleep(0)
         copy_s, push_s, install_s, update_s = [], [], [], []
-        for version in range(1, ROUNDS + 1):
+        await _push_when_up(push_weights, url, source, 1)  # untimed: the standby, the spare
+        await asyncio.to_thread(_spare_made)
+        for version in range(2, ROUNDS + 2):
             started = time.perf_counter()
             with torch.no_grad():
                 for name, tensor in source:
@@ -100,7 +104,7 @@ async def _sync() -> dict[str, Any]:
             update_s.append(answer["update_s"]["hf-0"])
             install_s.append(answer.get("pause_s", answer["update_s"])["hf-0"])  # older gateways
             print(
-                f"round {version}: memcpy {copy_s[-1]:.3f} s, push {push_s[-1]:.3f} s,"
+                f"round {version - 1}: memcpy {copy_s[-1]:.3f} s, push {push_s[-1]:.3f} s,"
                 f" paused {install_s[-1] * 1000:.3f} ms of {update_s[-1]:.3f} s",
                 flush=True,
             )
