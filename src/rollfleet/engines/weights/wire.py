@@ -316,7 +316,7 @@ def push_dir() -> str:
 
 def new_push_memfd(size: int) -> int:
     """A new memfd (Linux) of ``size`` bytes whose pages are allocated now (``fallocate``), for
-    :func:`write_push_memfd` to fill: a push into it then only copies (0.15 s for 538 MB here),
+    :func:`write_push_memfd` to fill: a push into it then only copies (0.16 s for 538 MB here),
     where a new one's pages are allocated and zeroed as it is written (0.23 s). Freed by the
     kernel with its last descriptor, so a process killed while holding one leaves nothing
     behind (it is in no directory)."""
