@@ -8,8 +8,10 @@ moving and installing tensors, which depends on their sizes only.
    process (``PUT /v1/rollfleet/weights/{v}`` naming a sealed memfd, as ``push_weights`` does on
    this host: framing, XXH3-64, the memfd, decoding, the copy into the live model) against a
    plain in-memory copy of the same tensors into a model of the same shape in this process (the
-   physical limit here). Also the time the engine's worker spent on them (the gateway's
-   ``pause_s``: generation stopped) against the whole update (``update_s``), and the same two
+   physical limit here), after one untimed push (the engine makes its standby model, the
+   trainer its spare memfd; the in-process figures leave out their first update too). Also the
+   time the engine's worker spent on them (the gateway's ``pause_s``: generation stopped)
+   against the whole update (``update_s``), and the same two
    in this process for a double-buffered engine (the default: tensors copied into a standby
    model while generation goes on, the worker only swaps the models) and an in-place one
    (``double_buffer=False``: the worker copies them).
@@ -20,19 +22,22 @@ moving and installing tensors, which depends on their sizes only.
    thrown away). Also the swap delay: from the trainer sending new weights to the engine
    serving them (the old policy generates all that time).
 
-``python -m bench.weights --only sync`` runs part 1 alone (a minute or two).
+``python -m bench.weights --only sync`` runs part 1 alone (a minute or two). After each push the
+trainer's process makes the memfd the next one fills (off the push, in a thread, as while a
+trainer trains); each round waits for it before the in-memory copy.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import subprocess
 import time
 from typing import Any
 
-from bench._common import PY, ROOT, free_port, median_range, table, write_results
+from bench._common import PY, RESULTS, ROOT, free_port, median_range, table, write_results
 
 COMMAND = "python -m bench weights"
 ROUNDS = 3
@@ -84,7 +89,9 @@ async def _sync() -> dict[str, Any]:
         url = (await asyncio.to_thread(server.stdout.readline)).strip()  # type: ignore[union-attr]
         await asyncio.sleep(0)
         copy_s, push_s, install_s, update_s = [], [], [], []
-        for version in range(1, ROUNDS + 1):
+        await _push_when_up(push_weights, url, source, 1)  # untimed: the standby, the spare
+        await asyncio.to_thread(_spare_made)
+        for version in range(2, ROUNDS + 2):
             started = time.perf_counter()
             with torch.no_grad():
                 for name, tensor in source:
@@ -93,10 +100,11 @@ async def _sync() -> dict[str, Any]:
             started = time.perf_counter()
             answer = await _push_when_up(push_weights, url, source, version)  # same host: memfd
             push_s.append(time.perf_counter() - started)
+            await asyncio.to_thread(_spare_made)
             update_s.append(answer["update_s"]["hf-0"])
             install_s.append(answer.get("pause_s", answer["update_s"])["hf-0"])  # older gateways
             print(
-                f"round {version}: memcpy {copy_s[-1]:.3f} s, push {push_s[-1]:.3f} s,"
+                f"round {version - 1}: memcpy {copy_s[-1]:.3f} s, push {push_s[-1]:.3f} s,"
                 f" paused {install_s[-1] * 1000:.3f} ms of {update_s[-1]:.3f} s",
                 flush=True,
             )
@@ -113,6 +121,16 @@ async def _sync() -> dict[str, Any]:
         "push_mb_s": mb / statistics.median(push_s),
         "push_vs_memcpy": statistics.median(copy_s) / statistics.median(push_s),
     }
+
+
+def _spare_made() -> None:
+    """Wait for the memfd the push left for the next one (made while a trainer trains), so that
+    the next in-memory copy has the cores to itself."""
+    import threading
+
+    for thread in threading.enumerate():
+        if thread.name == "rollfleet-push-spare":
+            thread.join()
 
 
 async def _pauses(double_buffer: bool) -> dict[str, Any]:
@@ -231,7 +249,7 @@ async def _all_swaps() -> dict[str, Any]:
 
 def main(only: str | None = None) -> dict[str, Any]:
     """Run both parts (or ``only`` one); print and write bench/results/weights.json (a single
-    part: weights_<part>.json)."""
+    part replaces its own figures there, with its command, and keeps the other's)."""
     figures: dict[str, Any] = {}
     if only in (None, "sync"):
         sync = figures["sync"] = asyncio.run(_sync())
@@ -276,13 +294,15 @@ def main(only: str | None = None) -> dict[str, Any]:
                 for m, f in swaps.items()
             ],
         )
-    name, command = (
-        ("weights", COMMAND)
-        if only is None
-        else (f"weights_{only}", f"python -m bench.weights --only {only}")
-    )
+    command = COMMAND
+    if only is not None:  # one part: the other keeps its last figures
+        figures[only]["command"] = f"python -m bench.weights --only {only}"
+        last = RESULTS / "weights.json"
+        kept = json.loads(last.read_text()) if last.exists() else {}
+        command = kept.get("command", figures[only]["command"])
+        figures = {part: kept[part] for part in ("sync", "swaps") if part in kept} | figures
     return write_results(
-        name,
+        "weights",
         {
             **figures,
             "window_s": WINDOW_S,

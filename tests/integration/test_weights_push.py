@@ -259,3 +259,79 @@ async def test_an_old_format_push_is_422_naming_the_format(hf_served) -> None:
         )
     assert reply.status_code == 422 and "old RFW1" in reply.json()["error"]["message"]
     assert engine.version == 0
+
+
+async def test_a_spare_memfd_of_any_size_and_bytes_is_cut_to_the_push_and_sealed() -> None:
+    """A spare (made between pushes, its pages allocated) holding stale or foreign bytes, larger
+    or smaller than the push, ends up holding exactly the push, sealed like a new one."""
+    from rollfleet.engines.weights.wire import (
+        decode,
+        mapped_push_memfd,
+        memfd_path,
+        new_push_memfd,
+        write_push_memfd,
+    )
+
+    sent = state(1)
+    exact = write_push_memfd(sent, 1 << 16)
+    try:
+        size = os.fstat(exact).st_size
+        wanted = os.pread(exact, size, 0)
+    finally:
+        os.close(exact)
+    for spare_size in (size * 2, size // 3, 0):
+        spare = new_push_memfd(spare_size)
+        os.pwrite(spare, b"\xff" * min(spare_size, 1 << 20), 0)  # what a last push left there
+        fd = write_push_memfd(sent, 1 << 16, spare)
+        try:
+            assert fd == spare and os.fstat(fd).st_size == size
+            assert os.pread(fd, size + 1, 0) == wanted
+            with pytest.raises(PermissionError):
+                os.pwrite(fd, b"\0", 0)
+            with mapped_push_memfd(memfd_path(fd)) as view:
+                got = await decode(view)
+                assert all(a.equal(b) for (_, a), (_, b) in zip(got, sent, strict=True))
+                del got
+        finally:
+            os.close(fd)
+
+
+async def test_successive_pushes_fill_the_spare_and_serve_exactly_the_new_weights(
+    hf_served,
+) -> None:
+    """After a same-host push this process keeps one spare memfd for the next (in no directory:
+    the kernel frees it however the process ends); a spare scribbled on changes nothing, each
+    push serves exactly its own tensors."""
+    import threading
+
+    from rollfleet.engines.weights import push
+
+    url, _, engine = hf_served
+    for version in (1, 2, 3):
+        sent = state(version)
+        await push_weights(url, sent, version=version, token="s3cret", transport="file")
+        live = engine.hf_model.state_dict()
+        assert engine.version == version
+        assert all(live[name].equal(tensor) for name, tensor in sent)
+        for thread in threading.enumerate():
+            if thread.name == "rollfleet-push-spare":
+                thread.join()
+        spare = push._SPARE.fd
+        assert spare is not None
+        assert os.readlink(f"/proc/self/fd/{spare}").startswith("/memfd:rollfleet-weights")
+        os.pwrite(spare, b"\xff" * 4096, 0)  # the next push overwrites all of it
+
+
+def test_a_spare_is_never_kept_over_its_cap_nor_filled_by_a_forked_child() -> None:
+    from rollfleet.engines.weights import push
+
+    spare = push._Spare()
+    spare.refill(os.memfd_create("test-used"), push.SPARE_MAX + 1)
+    assert spare.take() is None  # the used memfd was closed, and no spare made
+    spare.refill(os.memfd_create("test-used"), 4096)
+    fd = spare.fd
+    assert fd is not None and os.fstat(fd).st_size == 4096
+    spare.pid = -1  # what a forked child sees: its parent's spare
+    assert spare.take() is None and spare.fd is None
+    with pytest.raises(OSError):
+        os.fstat(fd)  # the child's copy of it is closed
