@@ -34,7 +34,7 @@ from pydantic import ValidationError
 
 from rollfleet.errors import AgentError
 from rollfleet.runner.process import Tokens, spec_runner
-from rollfleet.runner.runner import Runner
+from rollfleet.runner.runner import ORPHAN_RECORD_S, Runner
 from rollfleet.runner.spec import RunnerSpec
 
 MAX_EVENT_BYTES = 8 * 1024  # one event line at most (the supervisor skips longer ones anyway)
@@ -135,7 +135,7 @@ def emit(event: str, **fields: Any) -> None:
 async def _watch_parent(parent: int, runner: Runner) -> None:
     while os.getppid() == parent:  # noqa: ASYNC110 - no event tells a process its parent died
         await asyncio.sleep(1.0)
-    runner.stop(drain=False)
+    runner.stop(drain=False, record_s=ORPHAN_RECORD_S)
 
 
 async def _serve(spec: RunnerSpec, tokens: Tokens) -> int:

@@ -43,6 +43,9 @@ from rollfleet.store.base import Store
 log = logging.getLogger("rollfleet.runner")
 RECORD_S = 30.0  # shutdown waits this long for the ends of attempts to be recorded,
 CUT_OFF_S = 5.0  # then cancels what is left and waits this long for it to end
+# an orphan's (stop(record_s=...)): its launcher, and often the control plane it held, are gone;
+# an end not recorded by then comes back to the queue when its lease lapses
+ORPHAN_RECORD_S = 5.0
 Hook = Callable[[Rollout], Any]
 
 
@@ -106,6 +109,7 @@ class Runner:
         self._stopping = asyncio.Event()
         self._aborted = asyncio.Event()  # the second stop(): release now
         self._aborting = False
+        self._record_s = RECORD_S
         self._claim_backoff = Backoff()  # an overloaded server is not asked again in step
         self._resources: tuple[float, Resources | None] = (0.0, None)
         # a completion claims its slot's next rollout in the same request (the runner's rhythm)
@@ -117,9 +121,11 @@ class Runner:
 
     # --- control --------------------------------------------------------------------------------
 
-    def stop(self, *, drain: bool = True) -> None:
+    def stop(self, *, drain: bool = True, record_s: float = RECORD_S) -> None:
         """Claim nothing more. ``drain``: running rollouts get grace_s to finish, then are
-        released; without it (or when already stopping) they are released now."""
+        released; without it (or when already stopping) they are released now. ``record_s``: how
+        long the shutdown waits for their ends to be recorded (the shortest any stop gave)."""
+        self._record_s = min(self._record_s, record_s)
         release = self._stopping.is_set() or not drain
         self._stopping.set()
         if release:
@@ -377,13 +383,13 @@ class Runner:
         (a side loop died) or a cancelled run() it releases them all.
         """
         self._release_all()
-        if await self._work.join(RECORD_S):
+        if await self._work.join(self._record_s):
             return
         log.warning(
             "%s: %d tasks did not end within %ss of shutdown; cancelling them",
             self.worker_id,
             len(self._work),
-            RECORD_S,
+            self._record_s,
         )
         await self._work.cancel(CUT_OFF_S)
 
