@@ -329,11 +329,16 @@ def complete(
 
 
 def complete_many(tx: Tx, items: Sequence[Completion], now: float) -> list[CompletionOutcome]:
-    """Finish many attempts in one transaction; each is fenced and answered on its own."""
-    try:
-        with tx.savepoint():
-            answers = _complete_all(tx, items, now)
-    except Conflict:  # a repeated attempt, or a racing writer: settle each completion alone
+    """Finish many attempts in one transaction; each is fenced and answered on its own.
+
+    No savepoint around the batch: the attempts it reads are locked (PostgreSQL) or read inside
+    the one writer's transaction (SQLite), so nothing can change them before they are written,
+    and the Conflict ``write_ends`` guards against would end the whole operation. Only a batch
+    that names an attempt twice is settled one completion at a time, each in a savepoint."""
+    ids = [item.attempt_id for item in items]
+    if len(set(ids)) == len(ids):
+        answers = _complete_all(tx, items, now)
+    else:
         answers = [_complete_alone(tx, item, now) for item in items]
     return [
         CompletionOutcome(attempt_id=item.attempt_id, error_type=type(a).__name__, error=a.message)

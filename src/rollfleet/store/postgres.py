@@ -139,6 +139,8 @@ class PostgresTx:
             return 0
         if name in self._setwise:
             return int(self._exec(name, {"rows": _rows_json(rows)}).rowcount)
+        if len(rows) == 1:  # one row (a runner's own completion): no pipeline to set up and sync
+            return int(self._exec(name, rows[0]).rowcount)
         with self._conn.cursor() as cur:
             cur.executemany(self._q[name], rows)
             return int(cur.rowcount)
