@@ -24,10 +24,8 @@ Sides alternate per point (1 replica, 2 replicas, per runner count, per round: A
 figure is the median over ``BENCH_ROUNDS`` (2) rounds with [min–max]. Run:
 ``python -m bench fleet`` (100, 300, 1,000, 3,000, 10,000 runners) or ``python -m bench fleet
 3000,10000`` for chosen points, merged into bench/results/fleet.json (the points measured before
-and replaced are kept under ``before``). Two A/B runs at one count (1,000 by default) go into the
-same file: ``python -m bench.fleet handover`` (completions sent alone, or as complete-and-claim)
-and ``AB_BASE=<commit> python -m bench.fleet before_after`` (that commit's servers against this
-tree's).
+and replaced are kept under ``before``). Two A/B runs at one count go into the same file:
+bench/fleet_ab.py.
 """
 
 from __future__ import annotations
@@ -454,103 +452,5 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return write_results("fleet", merged(new, old), command)
 
 
-HANDOVER_FIGURES = ("completions_per_s", "server_ms_per_rollout", "postgres_ms_per_rollout")
-
-
-def _alternate(runners: int, sides: dict[str, dict[str, str]]) -> dict[str, Any]:
-    """Server and PostgreSQL CPU a rollout at ``runners`` runners on 1 replica, for each side (the
-    environment its servers and clients start with), in alternating rounds, the order reversed
-    every other round."""
-    raise_fd_limit()
-    logdir = Path(tempfile.mkdtemp(prefix="rollfleet-fleet-"))
-    rounds: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
-    saved = {k: os.environ.get(k) for env in sides.values() for k in env}
-    try:
-        for rnd in range(ROUNDS):
-            for side in list(sides) if rnd % 2 == 0 else list(reversed(sides)):
-                os.environ.update(sides[side])
-                point = asyncio.run(measure(runners, 1, logdir))
-                rounds[side].append({k: point[k] for k in HANDOVER_FIGURES})
-                print(side, json.dumps(rounds[side][-1]), flush=True)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    return {
-        "runners": runners,
-        "replicas": 1,
-        "rounds": rounds,
-        **{
-            f"{side}_{k}": _spread([x[k] for x in xs])
-            for side, xs in rounds.items()
-            for k in HANDOVER_FIGURES
-        },
-    }
-
-
-def _record(key: str, result: dict[str, Any], command: str) -> dict[str, Any]:
-    """Put ``result`` under ``key`` in bench/results/fleet.json, with its command and date."""
-    result = {**result, "command": command, "date": time.strftime("%Y-%m-%d")}
-    path = RESULTS / "fleet.json"
-    doc = json.loads(path.read_text())
-    doc[key] = result
-    path.write_text(json.dumps(doc, indent=2) + "\n")
-    return result
-
-
-def handover_ab(runners: int = 1000) -> dict[str, Any]:
-    """Server CPU a rollout with the runners' completions sent alone (``complete_many``) or as
-    complete-and-claim (``FLEET_HANDOVER=1``); into fleet.json under ``handover``."""
-    sides = {"complete_then_claim": {"FLEET_HANDOVER": "0"}, "handover": {"FLEET_HANDOVER": "1"}}
-    return _record(
-        "handover", _alternate(runners, sides), f"python -m bench.fleet handover {runners}"
-    )
-
-
-def before_after(runners: int = 1000) -> dict[str, Any]:
-    """Server CPU a rollout of the servers of commit ``AB_BASE`` (default ``HEAD``) against this
-    tree's, runners completing and claiming in one request; into fleet.json under
-    ``before_after``."""
-    from bench.refactor_ab import worktree
-
-    base = os.environ.get("AB_BASE", "HEAD")
-    rev = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", base],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    tree = worktree(rev)
-    try:
-        sides = {
-            side: {"FLEET_HANDOVER": "1", "PYTHONPATH": f"{src / 'src'}{os.pathsep}{ROOT}"}
-            for side, src in (("before", tree), ("after", ROOT))
-        }
-        result = _alternate(runners, sides)
-    finally:
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False
-        )
-    ms = "server_ms_per_rollout"
-    result["base"] = rev
-    result["after_vs_before_server_ms"] = (
-        result[f"after_{ms}"]["median"] / result[f"before_{ms}"]["median"]
-    )
-    return _record(
-        "before_after", result, f"AB_BASE={rev} python -m bench.fleet before_after {runners}"
-    )
-
-
-def _spread(xs: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
-
-
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["handover"]:
-        handover_ab(*(int(a) for a in sys.argv[2:3]))
-    elif sys.argv[1:2] == ["before_after"]:
-        before_after(*(int(a) for a in sys.argv[2:3]))
-    else:
-        main()
+    main()
