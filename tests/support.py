@@ -78,7 +78,9 @@ def next_token_logprobs(path: object, prompts: list[str]) -> list:
 
     from rollfleet.engines.llamacpp.model import LlamaCppModel
 
-    model = LlamaCppModel(path, slots=1, ctx_per_seq=512, threads=2, n_batch=512, verbose=False)
+    model = LlamaCppModel(
+        path, slots=1, ctx_per_seq=512, cached_seqs=0, threads=2, n_batch=512, verbose=False
+    )
     try:
         rows = []
         for prompt in prompts:

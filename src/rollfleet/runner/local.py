@@ -51,6 +51,7 @@ class _Child:
     restarts: int = 0  # exits in a row without progress
     started_at: float = 0.0
     finished: int = 0  # rollouts it finished since it last started
+    started: int = 0  # rollouts it started since it last started
     events: asyncio.ReadTransport | None = None
     reader: EventLines | None = None
 
@@ -64,15 +65,25 @@ class Restart:
     in_a_row: int  # exits in a row without progress, this one included (0 after progress)
 
 
-def restart_delay(in_a_row: int, finished: int, ran_s: float) -> Restart:
+def restart_delay(
+    in_a_row: int, finished: int, ran_s: float, killed_at_work: bool = False
+) -> Restart:
     """The restart policy, for local processes and Ray actors alike: a runner that finished
-    rollouts since it started, or ran HEALTHY_S, was killed from outside (SIGKILL, preemption, the
-    OOM killer) and restarts at once; only one that dies without progress is backed off (0.5 s,
-    1 s, ... 30 s). ``in_a_row`` counts such exits before this one."""
+    rollouts since it started, or ran HEALTHY_S, or was SIGKILLed while it ran rollouts
+    (``killed_at_work``) was killed from outside (an operator, preemption, the OOM killer) and
+    restarts at once; only one that dies without progress is backed off (0.5 s, 1 s, ... 30 s).
+    ``in_a_row`` counts such exits before this one.
+
+    At once matters for long rollouts: a ten-turn agent rollout can outlive a runner on a
+    preemptible machine, and its attempts are requeued (to resume from their last turn) when the
+    runner registers again. A crash loop dies by itself (an exception, an exit code, a segfault),
+    not by SIGKILL; a rollout that kills its runner every time fails after its ``max_lost``."""
     if finished:
         return Restart(0.0, f"made progress ({finished} rollouts finished): restarting at once", 0)
     if ran_s > HEALTHY_S:
         return Restart(0.0, f"ran {ran_s:.0f} s: restarting at once", 0)
+    if killed_at_work:
+        return Restart(0.0, "SIGKILLed while it ran rollouts: restarting at once", 0)
     n = in_a_row + 1
     delay = min(MAX_BACKOFF_S, 0.5 * 2 ** (n - 1))
     return Restart(
@@ -198,7 +209,7 @@ class LocalFleet:
             raise
         finally:
             os.close(write_fd)
-        child.started_at, child.finished = time.monotonic(), 0
+        child.started_at, child.finished, child.started = time.monotonic(), 0, 0
         reader = EventLines(
             lambda line: self._line(child, line),
             lambda size: log.warning(
@@ -223,6 +234,8 @@ class LocalFleet:
             return
         if event["event"] == "rollout_finished":
             child.finished += 1
+        elif event["event"] == "rollout_started":
+            child.started += 1
         if event["event"] == "agent_error":
             self.agent_error = str(event.get("error"))
             self.stop()
@@ -247,7 +260,7 @@ class LocalFleet:
                 await self._spawn(child)
             except OSError as exc:  # cannot start a process now: retried like a crash
                 log.warning("%s: could not start: %s", child.worker_id, exc)
-                child.started_at, child.finished = time.monotonic(), 0
+                child.started_at, child.finished, child.started = time.monotonic(), 0, 0
             else:
                 try:
                     code = await self._until_exit(child)
@@ -255,8 +268,9 @@ class LocalFleet:
                     await self._close_events(child)
             if self._stopping.is_set():
                 break
+            killed_at_work = code == -signal.SIGKILL and child.started > 0
             decided = restart_delay(
-                child.restarts, child.finished, time.monotonic() - child.started_at
+                child.restarts, child.finished, time.monotonic() - child.started_at, killed_at_work
             )
             child.restarts, delay, reason = decided.in_a_row, decided.delay_s, decided.reason
             self.on_event(

@@ -1,7 +1,8 @@
 """llama.cpp engines (llama-cpp-python, CPU): the default engine and its relatives.
 
 :mod:`~rollfleet.engines.llamacpp.engine` is :class:`LlamaCppEngine`, continuous batching over one
-model and one context. :mod:`~rollfleet.engines.llamacpp.model` is what every llama.cpp engine
+model and one context, its loop and prefix cache in :mod:`~rollfleet.engines.llamacpp.scheduler`.
+:mod:`~rollfleet.engines.llamacpp.model` is what every llama.cpp engine
 shares: the bundled GGUF, chat templates, sampling, and the model with its multi-sequence context.
 :mod:`~rollfleet.engines.llamacpp.slots` is the several-instances design kept for measurement,
 :mod:`~rollfleet.engines.llamacpp.vision` a vision GGUF with its projector, and

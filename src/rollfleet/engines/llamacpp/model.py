@@ -285,8 +285,17 @@ class LlamaCppModel:
     """The llama.cpp model and a multi-sequence context; used only by the scheduler thread."""
 
     def __init__(
-        self, path: Path, slots: int, ctx_per_seq: int, threads: int, n_batch: int, verbose: bool
+        self,
+        path: Path,
+        slots: int,
+        ctx_per_seq: int,
+        cached_seqs: int,
+        threads: int,
+        n_batch: int,
+        verbose: bool,
     ) -> None:
+        """``slots`` sequences of up to ``ctx_per_seq`` tokens each run at once, in
+        ``slots * ctx_per_seq`` KV cells that ``cached_seqs`` more sequences share when idle."""
         import llama_cpp
         from llama_cpp import _internals as internals
 
@@ -300,7 +309,9 @@ class LlamaCppModel:
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = slots * ctx_per_seq
         params.n_batch = params.n_ubatch = n_batch
-        params.n_seq_max = slots
+        self.n_cells = params.n_ctx
+        self.seqs = min(slots + max(0, cached_seqs), llama_cpp.llama_max_parallel_sequences())
+        params.n_seq_max = self.seqs
         params.kv_unified = True  # measured: split per-sequence caches decode far slower here
         params.n_threads = params.n_threads_batch = threads
         self.ctx = internals.LlamaContext(model=self.model, params=params, verbose=True)
@@ -367,8 +378,17 @@ class LlamaCppModel:
         return common
 
     def best_slot(self, free: list[int], prompt: list[int]) -> int:
-        """The free slot whose cache shares the longest prefix with ``prompt``."""
-        return max(free, key=lambda slot: common_prefix(self.cached.get(slot, []), prompt))
+        """The free sequence to run ``prompt`` in: the one whose cache gives the longest prefix of
+        it without dropping more than it gives (a shared system prompt is no reason to drop
+        another conversation), then an empty one, then the least recently used (``free`` is in
+        that order)."""
+
+        def value(slot: int) -> tuple[int, bool]:
+            held = self.cached.get(slot, [])
+            common = common_prefix(held, prompt)
+            return (common if common >= len(held) - common else 0, not held)
+
+        return max(free, key=value)
 
     def decode(self, entries: list[tuple[int, int, int, bool]]) -> None:
         """Run one batch of (token, position, slot, wants_logits) entries."""

@@ -7,13 +7,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rollfleet.engines.base import FinishReason, GenerationRequest, SamplingParams
-from rollfleet.engines.llamacpp.engine import prompt_ids, read_token
 from rollfleet.engines.llamacpp.model import (
     ChatTemplate,
     LlamaCppModel,
     TextDecoder,
     quiet_llama_cpp,
 )
+from rollfleet.engines.llamacpp.scheduler import prompt_ids, read_token
 from rollfleet.errors import InvalidInput
 
 
