@@ -51,6 +51,13 @@ def load(name: str) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _median(values: list[Any]) -> float | None:
+    """The median of ``values``, None when any is missing."""
+    if not values or any(v is None for v in values):
+        return None
+    return float(sorted(values)[len(values) // 2])
+
+
 def resume_rows(d: dict[str, Any]) -> list[str]:
     """Turn-level resume against restart-from-scratch under the same kills (bench/resume.py)."""
     st, sides, goals = d["settings"], d["sides"], d["goals"]
@@ -62,24 +69,17 @@ def resume_rows(d: dict[str, Any]) -> list[str]:
         f"sides) and the server restarted once; median [range] of {st['rounds']} alternating rounds"
     )
     share = res["regenerated_share"]["median"]
-    cpu = [
-        [r["engine"].get("cpu_s") for r in side["rounds"] if r.get("engine", {}).get("cpu_s")]
-        for side in (res, rst)
-    ]
-    engine_cpu = (
-        f"; engine CPU {sorted(cpu[0])[len(cpu[0]) // 2]:.0f} s vs {sorted(cpu[1])[len(cpu[1]) // 2]:.0f} s"
-        if all(cpu)
-        else ""
-    )
     per_round = ", ".join(f"{w:.2f}" for w in d["wall_ratio_per_round"]["rounds"])
-    why_wall = (
-        f"; per round {per_round}"
-        if d["wall_resume_vs_restart"] <= goals["wall_ratio_max"]
-        else f" — per round {per_round}: the engine batches {st['runners'] * st['concurrency']} "
-        "slots and restart's extra tokens are decoded beside the others' in steps that run "
-        "anyway, so they add little time (see the engine CPU); lease lapses, runner restarts and "
-        f"backoff cost both sides alike{engine_cpu}"
+    cpu, prefilled = (
+        [_median([r.get("engine", {}).get(key) for r in side["rounds"]]) for side in (res, rst)]
+        for key in ("cpu_s", "prefilled_tokens")
     )
+    why_wall = f"; per round {per_round}"
+    if None not in cpu and None not in prefilled:  # what the engine, busy throughout, did
+        why_wall += (
+            f"; the engine's CPU {cpu[0]:.0f} s vs {cpu[1]:.0f} s: the tokens it generated and "
+            f"the prompt tokens it prefilled ({prefilled[0]:,.0f} vs {prefilled[1]:,.0f})"
+        )
     return [
         f"| resume | completion tokens generated per finished rollout, resumed by turn vs restarted "
         f"from scratch: {runs}; regenerated: {share:.1%} (goal ≤ "

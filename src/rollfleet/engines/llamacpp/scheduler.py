@@ -16,8 +16,12 @@ prompt is usually there already (llama-server's ``cache_prompt``). The context k
 sequences than it runs at once (``LlamaCppEngine(cached_seqs=...)``, in the same cells): with no
 more sequences than rollouts, a rollout whose turn is away (a tool call, a runner that died and
 has not resumed yet) loses its cache to the next new conversation, whose turn then evicts
-another, and so on; an idle conversation's cache is dropped only when the cells are needed, the
-least recently used first. As in llama-server, the logits of a prompt computed partly from the
+another, and so on. An idle cache is not free, though: in llama.cpp's unified KV cache every
+token decoded attends over every cell in use, masked, the idle ones included (16 idle
+conversations of ~230 tokens made 16 running ones decode 2x slower here). So an idle cache is
+dropped once ``IDLE_TOKENS`` tokens have been decoded without it (a finished rollout's, soon; a
+resuming one's, kept), or earlier, least recently used first, when a running sequence needs its
+cells. As in llama-server, the logits of a prompt computed partly from the
 cache differ from a full prefill in the last bits (other kernels for other batch shapes), so a
 near-tie can sample differently; ``prefix_cache=False`` gives bit-identical replays.
 """
@@ -41,6 +45,11 @@ from rollfleet.errors import EngineError
 
 if TYPE_CHECKING:
     from rollfleet.engines.llamacpp.engine import LlamaCppEngine
+
+# An idle cache is dropped after this many tokens decoded without it: each of them attended over
+# its cells, and ~2 us per cell and token (measured for the bundled model, 1 thread) add up,
+# after about this many, to what prefilling it again would cost (~4 ms a token).
+IDLE_TOKENS = 2048
 
 
 @dataclass
@@ -122,6 +131,8 @@ class Scheduler:
         self.running: dict[int, _Seq] = {}
         # every KV sequence not running, least recently used first: the prefix cache's order
         self.free = list(range(self.llm.seqs))
+        self.decoded = 0  # tokens run through llama_decode so far
+        self.idle_since: dict[int, int] = {}  # a cached sequence -> ``decoded`` when it finished
         self.stopping = False
 
     def loop(self) -> None:
@@ -194,6 +205,15 @@ class Scheduler:
             )
             self._make_room()
 
+    def _drop_stale(self) -> None:
+        """Drop the idle caches that ``IDLE_TOKENS`` tokens have been decoded without (``free``
+        is in the order they went idle: the first fresh one ends the search)."""
+        for slot in self.free:
+            if slot in self.llm.cached:
+                if self.decoded - self.idle_since.get(slot, 0) <= IDLE_TOKENS:
+                    return
+                self.llm.forget(slot)
+
     def _make_room(self) -> None:
         """Drop idle sequences' caches, least recently used first, until the running sequences
         have the cells they may grow into (each at most ``ctx_per_seq``, so it always fits)."""
@@ -244,6 +264,8 @@ class Scheduler:
             for seq in list(self.running.values()):
                 self._finish(seq, FinishReason.ABORT, error=exc)
             return
+        self.decoded += len(entries)
+        self._drop_stale()
         for seq, index in sampled:
             self._advance(seq, index)
 
@@ -295,6 +317,7 @@ class Scheduler:
         if done and self.engine.prefix_cache and whole:
             # the KV cache holds the prompt and every generated token but (maybe) the last
             self.llm.keep(seq.slot, seq.prompt + seq.out[:-1])
+            self.idle_since[seq.slot] = self.decoded
         else:
             self.llm.forget(seq.slot)
         self.free.append(seq.slot)
