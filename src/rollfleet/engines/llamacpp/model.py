@@ -378,15 +378,16 @@ class LlamaCppModel:
         return common
 
     def best_slot(self, free: list[int], prompt: list[int]) -> int:
-        """The free sequence to run ``prompt`` in: the one whose cache gives the longest prefix of
-        it without dropping more than it gives (a shared system prompt is no reason to drop
-        another conversation), then an empty one, then the least recently used (``free`` is in
-        that order)."""
+        """The free sequence to run ``prompt`` in: the longest prefix of it cached, where one is
+        the other's prefix or it keeps more than it drops (a chat template's shared start is no
+        reason to drop another conversation), then an empty one, then the least recently used
+        (``free`` is in that order)."""
 
         def value(slot: int) -> tuple[int, bool]:
             held = self.cached.get(slot, [])
             common = common_prefix(held, prompt)
-            return (common if common >= len(held) - common else 0, not held)
+            kin = common in (len(held), len(prompt)) or common >= len(held) - common
+            return (common if kin else 0, not held)
 
         return max(free, key=value)
 

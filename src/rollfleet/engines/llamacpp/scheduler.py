@@ -12,18 +12,22 @@ has, ``finish_reason="abort"``.
 Prefix cache: a finished sequence leaves its tokens in its KV sequence, and a new request goes to
 the free sequence holding the longest prefix of its prompt; only the rest is prefilled. Agents
 send the same system prompt every time and each turn's prompt extends the last one, so most of a
-prompt is usually there already (llama-server's ``cache_prompt``). The context keeps more KV
-sequences than it runs at once (``LlamaCppEngine(cached_seqs=...)``, in the same cells): with no
-more sequences than rollouts, a rollout whose turn is away (a tool call, a runner that died and
-has not resumed yet) loses its cache to the next new conversation, whose turn then evicts
-another, and so on. An idle cache is not free, though: in llama.cpp's unified KV cache every
-token decoded attends over every cell in use, masked, the idle ones included (16 idle
-conversations of ~230 tokens made 16 running ones decode 2x slower here). So an idle cache is
-dropped once ``IDLE_TOKENS`` tokens have been decoded without it (a finished rollout's, soon; a
-resuming one's, kept), or earlier, least recently used first, when a running sequence needs its
-cells. As in llama-server, the logits of a prompt computed partly from the
-cache differ from a full prefill in the last bits (other kernels for other batch shapes), so a
-near-tie can sample differently; ``prefix_cache=False`` gives bit-identical replays.
+prompt is usually there already (llama-server's ``cache_prompt``). Two options, off by default
+until both sides of ``bench/resume.py`` have been measured with them:
+``LlamaCppEngine(cached_seqs=N)`` keeps N more KV sequences than run at once, in the same cells:
+with no more sequences than rollouts, a rollout whose turn is away (a tool call, a runner that
+died and has not resumed yet) loses its cache to the next new conversation, whose turn then
+evicts another, and so on; an idle cache is then dropped, least recently used first, when a
+running sequence needs its cells. An idle cache is not free, though: in llama.cpp's unified KV
+cache every token decoded attends over every cell in use, masked, the idle ones included (16 idle
+conversations of ~230 tokens made 16 running ones decode half as fast here). With
+``idle_tokens=T``, an idle cache is dropped once T tokens have been decoded without it (2048
+balances that attention against prefilling the cache again, for the bundled model on 1 thread:
+~2 us per cell and token against ~4 ms a token).
+
+As in llama-server, the logits of a prompt computed partly from the cache differ from a full
+prefill in the last bits (other kernels for other batch shapes), so a near-tie can sample
+differently; ``prefix_cache=False`` gives bit-identical replays.
 """
 
 from __future__ import annotations
@@ -45,11 +49,6 @@ from rollfleet.errors import EngineError
 
 if TYPE_CHECKING:
     from rollfleet.engines.llamacpp.engine import LlamaCppEngine
-
-# An idle cache is dropped after this many tokens decoded without it: each of them attended over
-# its cells, and ~2 us per cell and token (measured for the bundled model, 1 thread) add up,
-# after about this many, to what prefilling it again would cost (~4 ms a token).
-IDLE_TOKENS = 2048
 
 
 @dataclass
@@ -206,11 +205,14 @@ class Scheduler:
             self._make_room()
 
     def _drop_stale(self) -> None:
-        """Drop the idle caches that ``IDLE_TOKENS`` tokens have been decoded without (``free``
-        is in the order they went idle: the first fresh one ends the search)."""
+        """Drop the idle caches that the engine's ``idle_tokens`` tokens have been decoded
+        without (``free`` is in the order they went idle: the first fresh one ends the search)."""
+        limit = self.engine.idle_tokens
+        if limit is None:
+            return
         for slot in self.free:
             if slot in self.llm.cached:
-                if self.decoded - self.idle_since.get(slot, 0) <= IDLE_TOKENS:
+                if self.decoded - self.idle_since.get(slot, 0) <= limit:
                     return
                 self.llm.forget(slot)
 
