@@ -20,10 +20,9 @@ died and has not resumed yet) loses its cache to the next new conversation, whos
 evicts another, and so on; an idle cache is then dropped, least recently used first, when a
 running sequence needs its cells. An idle cache is not free, though: in llama.cpp's unified KV
 cache every token decoded attends over every cell in use, masked, the idle ones included (16 idle
-conversations of ~230 tokens made 16 running ones decode half as fast here). With
-``idle_tokens=T``, an idle cache is dropped once T tokens have been decoded without it (2048
-balances that attention against prefilling the cache again, for the bundled model on 1 thread:
-~2 us per cell and token against ~4 ms a token).
+conversations of ~230 tokens made 16 running ones decode about half as fast, in a one-off
+check). With ``idle_tokens=T``, an idle cache is dropped once T tokens have been decoded without
+it.
 
 As in llama-server, the logits of a prompt computed partly from the cache differ from a full
 prefill in the last bits (other kernels for other batch shapes), so a near-tie can sample
