@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench._common import median_range
 from bench._report_cells import spread
 from bench._rows_fleet import (
     ab_rows,
@@ -55,7 +56,7 @@ def _median(values: list[Any]) -> float | None:
     """The median of ``values``, None when any is missing."""
     if not values or any(v is None for v in values):
         return None
-    return float(sorted(values)[len(values) // 2])
+    return median_range(values)["median"]
 
 
 def resume_rows(d: dict[str, Any]) -> list[str]:
