@@ -3,7 +3,7 @@
 and ``AB_BASE=<commit> python -m bench.fleet_ab before_after`` (that commit's servers against this
 tree's). Each side runs :func:`bench.fleet.measure` on 1 replica, in alternating rounds with the
 order reversed every other round; the figures go into bench/results/fleet.json under ``handover``
-and ``before_after``.
+and ``before_after`` (one entry per base commit).
 """
 
 from __future__ import annotations
@@ -59,12 +59,18 @@ def _alternate(runners: int, sides: dict[str, dict[str, str]]) -> dict[str, Any]
     }
 
 
-def _record(key: str, result: dict[str, Any], command: str) -> dict[str, Any]:
-    """Put ``result`` under ``key`` in bench/results/fleet.json, with its command and date."""
+def _record(
+    key: str, result: dict[str, Any], command: str, sub: str | None = None
+) -> dict[str, Any]:
+    """Put ``result`` under ``key`` (and ``sub`` inside it, beside the others there) in
+    bench/results/fleet.json, with its command and date."""
     result = {**result, "command": command, "date": time.strftime("%Y-%m-%d")}
     path = RESULTS / "fleet.json"
     doc = json.loads(path.read_text())
-    doc[key] = result
+    if sub is None:
+        doc[key] = result
+    else:
+        doc.setdefault(key, {})[sub] = result
     path.write_text(json.dumps(doc, indent=2) + "\n")
     return result
 
@@ -81,7 +87,7 @@ def handover_ab(runners: int = 1000) -> dict[str, Any]:
 def before_after(runners: int = 1000) -> dict[str, Any]:
     """Server CPU a rollout of the servers of commit ``AB_BASE`` (default ``HEAD``) against this
     tree's, runners completing and claiming in one request; into fleet.json under
-    ``before_after``."""
+    ``before_after``, keyed by the base commit (each step's A/B kept)."""
     from bench.refactor_ab import worktree
 
     base = os.environ.get("AB_BASE", "HEAD")
@@ -108,7 +114,10 @@ def before_after(runners: int = 1000) -> dict[str, Any]:
         result[f"after_{ms}"]["median"] / result[f"before_{ms}"]["median"]
     )
     return _record(
-        "before_after", result, f"AB_BASE={rev} python -m bench.fleet_ab before_after {runners}"
+        "before_after",
+        result,
+        f"AB_BASE={rev} python -m bench.fleet_ab before_after {runners}",
+        sub=rev,
     )
 
 

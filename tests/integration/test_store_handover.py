@@ -21,7 +21,14 @@ import pytest
 
 from rollfleet.client import HttpStore
 from rollfleet.errors import InvalidInput
-from rollfleet.model import AttemptStatus, Completion, RolloutResult, RolloutSpec, RolloutStatus
+from rollfleet.model import (
+    AttemptStatus,
+    Completion,
+    RolloutConfig,
+    RolloutResult,
+    RolloutSpec,
+    RolloutStatus,
+)
 from rollfleet.store.base import read_all
 from rollfleet.testing import ServeProcess
 
@@ -85,6 +92,31 @@ async def test_a_repeated_completion_is_answered_again_and_still_claims(case) ->
     assert [r.rollout_id for r in again.claimed] == ["r1"]
     attempts = (await s.query_attempts(rollout_id="r0")).items
     assert len(attempts) == 1 and attempts[0].status is AttemptStatus.SUCCEEDED
+
+
+async def test_each_outcome_is_counted_once_on_the_worker_that_ran_it(case) -> None:  # type: ignore[no-untyped-def]
+    """complete_and_claim updates the claiming worker's row once (outcomes, heartbeat and status
+    together): counted whether it claims or not, on the attempt's own worker, never twice."""
+    s = case.store
+    for worker in ("w1", "w2"):
+        await s.register_worker(worker)
+    config = RolloutConfig(max_attempts=1)
+    await s.enqueue_many(
+        [RolloutSpec(input=i, rollout_id=f"r{i}", config=config) for i in range(6)]
+    )
+    (a,) = await s.claim("w1")
+    (b,) = await s.claim("w2")
+    failed = Completion(attempt_id=b.attempt.attempt_id, status=AttemptStatus.FAILED, error="x")
+    got = await s.complete_and_claim([done(a.attempt.attempt_id), failed], "w1", max_n=1)
+    again = await s.complete_and_claim([done(a.attempt.attempt_id)], "w1", max_n=1)
+    (c,) = got.claimed
+    await s.complete_and_claim([done(c.attempt.attempt_id)], "w1", max_n=0)
+    late = Completion(attempt_id=c.attempt.attempt_id, status=AttemptStatus.FAILED, error="x")
+    stale = await s.complete_and_claim([late], "w1", max_n=1)
+    assert len(again.claimed) == 1 and stale.claimed == []
+    rows = {w.worker_id: w for w in (await s.query_workers()).items}
+    assert (rows["w1"].rollouts_succeeded, rows["w1"].rollouts_failed) == (2, 0)
+    assert (rows["w2"].rollouts_succeeded, rows["w2"].rollouts_failed) == (0, 1)
 
 
 async def test_the_store_refuses_bad_arguments(case) -> None:  # type: ignore[no-untyped-def]

@@ -30,6 +30,7 @@ from rollfleet.model import (
 from rollfleet.store.records import _ids
 from rollfleet.store.tx import Row, Tx
 
+Counts = tuple[int, int]  # rollouts (succeeded, failed) of one worker's attempts
 _jitter = random.Random()  # retry delays: spread, not reproduced
 
 
@@ -114,11 +115,12 @@ def decide_end(
     return End(row, outcome, new, charge, result, error, delay, suspect)
 
 
-def write_ends(tx: Tx, ends: Sequence[End], now: float) -> None:
+def write_ends(tx: Tx, ends: Sequence[End], now: float, counted_by: str | None = None) -> Counts:
     """Write decided ends set-wise; Conflict (undo the enclosing savepoint) if any row changed
-    meanwhile."""
+    meanwhile. The outcomes of ``counted_by``'s attempts are not added to its worker row but
+    returned, ``(succeeded, failed)``, for the caller's own update of that row."""
     if not ends:
-        return
+        return 0, 0
     what = (
         f"attempt {ends[0].row['attempt_id']}" if len(ends) == 1 else f"one of {len(ends)} attempts"
     )
@@ -163,14 +165,21 @@ def write_ends(tx: Tx, ends: Sequence[End], now: float) -> None:
     for e in ends:
         if e.row.get("worker_id") and e.new.terminal:
             counts.setdefault(e.row["worker_id"], [0, 0])[e.new is not RolloutStatus.SUCCEEDED] += 1
+    own = counts.pop(counted_by, [0, 0]) if counted_by is not None else [0, 0]
+    count_outcomes(tx, counts)
+    return own[0], own[1]
+
+
+def count_outcomes(tx: Tx, counts: dict[str, list[int]]) -> None:
+    """Add rollouts succeeded and failed, ``{worker id: [succeeded, failed]}``, to worker rows."""
     tx.many(
         "count_worker_outcome",
-        [{"worker_id": w, "succeeded": ok, "failed": bad} for w, (ok, bad) in counts.items()],
+        [
+            {"worker_id": w, "succeeded": ok, "failed": bad}
+            for w, (ok, bad) in counts.items()
+            if ok or bad
+        ],
     )
-    if any(e.new is RolloutStatus.QUEUING for e in ends):
-        tx.run("notify_queued")
-    if any(e.new.terminal for e in ends):
-        tx.run("notify_finished")
 
 
 def end_attempt(

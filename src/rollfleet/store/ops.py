@@ -30,9 +30,11 @@ from rollfleet.model import (
 )
 from rollfleet.store.blobs import MARKER, Blob, extract_images
 from rollfleet.store.ends import (
+    Counts,
     End,
     attempt_rows,
     check_live,
+    count_outcomes,
     decide_end,
     end_attempt,
     expire,
@@ -99,10 +101,11 @@ def enqueue_many(tx: Tx, specs: Sequence[RolloutSpec], now: float) -> list[Rollo
 
 
 def _open_attempts(
-    tx: Tx, claimed: list[Row], worker_id: str | None, now: float
+    tx: Tx, claimed: list[Row], worker_id: str | None, now: float, counted: Counts = (0, 0)
 ) -> list[dict[str, Any]]:
     """Insert a PREPARING attempt for each just-leased rollout row; return the leased rollouts as
-    documents.
+    documents. ``counted``: outcomes of the worker's attempts to add to its row in the same
+    update as its heartbeat.
 
     The rows come from the claiming UPDATE's RETURNING, so the answer is built without reading back.
     """
@@ -125,6 +128,8 @@ def _open_attempts(
             worker_id=worker_id,
             status=WorkerStatus.BUSY.value if claimed else None,
             now=now,
+            succeeded=counted[0],
+            failed=counted[1],
         )
     return [
         rollout_doc(
@@ -147,17 +152,23 @@ def _open_attempts(
 
 
 def claim(
-    tx: Tx, worker_id: str, max_n: int, now: float, reap_first: bool = True
+    tx: Tx,
+    worker_id: str,
+    max_n: int,
+    now: float,
+    reap_first: bool = True,
+    counted: Counts = (0, 0),
 ) -> list[dict[str, Any]]:
     """Lease up to ``max_n`` queued rollouts to a worker, highest priority first, then FIFO; as
     documents. A requeued rollout is not leased before its retry delay has passed. With
-    ``reap_first``, lapsed leases are expired first (their rollouts may be leased at once)."""
+    ``reap_first``, lapsed leases are expired first (their rollouts may be leased at once).
+    ``counted``: the worker's outcomes not yet added to its row (see ``write_ends``)."""
     if reap_first:
         reap(tx, now)
     claimed = sorted(
         tx.all("claim_rollouts", max_n=max_n, now=now), key=lambda r: (-r["priority"], r["seq"])
     )
-    return _open_attempts(tx, claimed, worker_id, now)
+    return _open_attempts(tx, claimed, worker_id, now, counted)
 
 
 def claim_or_next(
@@ -193,7 +204,7 @@ def heartbeat(
     tx.run("heartbeat_attempts", ids=ids, now=now)
     tx.run("run_rollouts", ids=ids, now=now)
     if worker_id is not None:
-        tx.run("touch_worker", worker_id=worker_id, status=None, now=now)
+        tx.run("touch_worker", worker_id=worker_id, status=None, now=now, succeeded=0, failed=0)
     replies = []
     for row in tx.all("heartbeat_replies", ids=ids):
         status = AttemptStatus(row["status"])
@@ -281,9 +292,11 @@ def _decide_completion(
     return end.row["rollout_id"], end.new
 
 
-def _complete_all(tx: Tx, items: Sequence[Completion], now: float) -> list[Answer]:
+def _complete_all(
+    tx: Tx, items: Sequence[Completion], now: float, counted_by: str | None = None
+) -> tuple[list[Answer], Counts]:
     """Decide every completion from one read, then write those that stand in a few set-wise
-    statements.
+    statements; with the outcomes of ``counted_by``'s attempts, left for the caller to count.
 
     Raises Conflict when an attempt repeats in ``items`` or another writer changed a row meanwhile.
     """
@@ -298,16 +311,18 @@ def _complete_all(tx: Tx, items: Sequence[Completion], now: float) -> list[Answe
             answers.append(_decide_completion(rows.get(item.attempt_id), item, ends))
         except RollfleetError as exc:
             answers.append(exc)
-    write_ends(tx, ends, now)
-    return answers
+    return answers, write_ends(tx, ends, now, counted_by)
 
 
-def _complete_alone(tx: Tx, item: Completion, now: float) -> Answer:
+def _complete_alone(
+    tx: Tx, item: Completion, now: float, counted_by: str | None
+) -> tuple[Answer, Counts]:
     try:
         with tx.savepoint():
-            return _complete_all(tx, [item], now)[0]
+            answers, counted = _complete_all(tx, [item], now, counted_by)
+            return answers[0], counted
     except RollfleetError as exc:
-        return exc
+        return exc, (0, 0)
 
 
 def complete(
@@ -322,7 +337,7 @@ def complete(
     again."""
     answer = _complete_all(
         tx, [Completion(attempt_id=attempt_id, status=status, result=result, error=error)], now
-    )[0]
+    )[0][0]
     if isinstance(answer, RollfleetError):
         raise answer
     return get_rollout(tx, answer[0])
@@ -335,17 +350,26 @@ def complete_many(tx: Tx, items: Sequence[Completion], now: float) -> list[Compl
     the one writer's transaction (SQLite), so nothing can change them before they are written,
     and the Conflict ``write_ends`` guards against would end the whole operation. Only a batch
     that names an attempt twice is settled one completion at a time, each in a savepoint."""
+    return _complete_many(tx, items, now, None)[0]
+
+
+def _complete_many(
+    tx: Tx, items: Sequence[Completion], now: float, counted_by: str | None
+) -> tuple[list[CompletionOutcome], Counts]:
     ids = [item.attempt_id for item in items]
     if len(set(ids)) == len(ids):
-        answers = _complete_all(tx, items, now)
+        answers, counted = _complete_all(tx, items, now, counted_by)
     else:
-        answers = [_complete_alone(tx, item, now) for item in items]
-    return [
+        settled = [_complete_alone(tx, item, now, counted_by) for item in items]
+        answers = [a for a, _ in settled]
+        counted = (sum(c[0] for _, c in settled), sum(c[1] for _, c in settled))
+    outcomes = [
         CompletionOutcome(attempt_id=item.attempt_id, error_type=type(a).__name__, error=a.message)
         if isinstance(a, RollfleetError)
         else CompletionOutcome(attempt_id=item.attempt_id, rollout_id=a[0], rollout_status=a[1])
         for item, a in zip(items, answers, strict=True)
     ]
+    return outcomes, counted
 
 
 def complete_and_claim(
@@ -357,11 +381,13 @@ def complete_and_claim(
     reap_first: bool = True,
 ) -> tuple[list[CompletionOutcome], list[dict[str, Any]]]:
     """``complete_many``, then, only if every completion stood, ``claim`` up to ``max_n`` for
-    ``worker_id``, in the same transaction: a refused (fenced) completion claims nothing."""
-    outcomes = complete_many(tx, items, now)
+    ``worker_id``, in the same transaction: a refused (fenced) completion claims nothing. The
+    worker's row is updated once: its outcomes, heartbeat and status together."""
+    outcomes, counted = _complete_many(tx, items, now, counted_by=worker_id)
     if max_n < 1 or any(o.rollout_status is None for o in outcomes):
+        count_outcomes(tx, {worker_id: list(counted)})
         return outcomes, []
-    return outcomes, claim(tx, worker_id, max_n, now, reap_first)
+    return outcomes, claim(tx, worker_id, max_n, now, reap_first, counted)
 
 
 def release(tx: Tx, attempt_id: str, reason: str, now: float) -> Rollout:
@@ -399,7 +425,6 @@ def cancel(tx: Tx, rollout_id: str, now: float) -> Rollout:
             suspect=0,
             finished_at=now,
         )
-        tx.run("notify_finished")
     return get_rollout(tx, rollout_id)
 
 

@@ -37,6 +37,8 @@ def update_worker(tx: Tx, worker_id: str, status: WorkerStatus | None, now: floa
         worker_id=worker_id,
         status=None if status is None else status.value,
         now=now,
+        succeeded=0,
+        failed=0,
     ):
         raise NotFound(f"worker {worker_id} not found")
     return query_workers(tx, worker_id, None, 1).items[0]

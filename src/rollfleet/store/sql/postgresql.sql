@@ -215,7 +215,10 @@ SET status = :status, result = COALESCE(:result::text, result), reward = COALESC
     suspect = GREATEST(suspect, :suspect), updated_at = :now,
     finished_at = :finished_at::float8
 WHERE rollout_id = :rollout_id AND status IN ('queuing', 'preparing', 'running')
-  AND (:attempt_id::text IS NULL OR current_attempt_id = :attempt_id::text);
+  AND (:attempt_id::text IS NULL OR current_attempt_id = :attempt_id::text)
+-- Every process's LISTEN hears of it from this statement, not from one of its own after it (a
+-- round trip per completion); PostgreSQL sends a transaction's repeated notifications once.
+RETURNING pg_notify(CASE WHEN :status = 'queuing' THEN 'rollfleet_queued' ELSE 'rollfleet_finished' END, '');
 
 -- name: rollout_columns
 SELECT column_name AS name FROM information_schema.columns
@@ -278,6 +281,7 @@ ON CONFLICT (worker_id) DO UPDATE SET status = 'idle', last_heartbeat_at = :now,
 
 -- name: touch_worker
 UPDATE workers SET last_heartbeat_at = :now,
+    rollouts_succeeded = rollouts_succeeded + :succeeded, rollouts_failed = rollouts_failed + :failed,
     status = CASE WHEN :status::text IS NULL THEN (CASE WHEN status = 'offline' THEN 'idle' ELSE status END)
                   ELSE :status::text END
 WHERE worker_id = :worker_id;
@@ -356,9 +360,6 @@ SELECT rollout_id FROM rollouts WHERE suspect = 1 AND status != 'succeeded' ORDE
 
 -- name: notify_queued
 SELECT pg_notify('rollfleet_queued', '');
-
--- name: notify_finished
-SELECT pg_notify('rollfleet_finished', '');
 
 -- name: kv_put
 INSERT INTO kv (key, value, updated_at) VALUES (:key, :value, :now)

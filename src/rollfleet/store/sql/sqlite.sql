@@ -257,6 +257,7 @@ ON CONFLICT (worker_id) DO UPDATE SET status = 'idle', last_heartbeat_at = :now,
 
 -- name: touch_worker
 UPDATE workers SET last_heartbeat_at = :now,
+    rollouts_succeeded = rollouts_succeeded + :succeeded, rollouts_failed = rollouts_failed + :failed,
     status = CASE WHEN :status IS NULL THEN (CASE WHEN status = 'offline' THEN 'idle' ELSE status END) ELSE :status END
 WHERE worker_id = :worker_id;
 
@@ -331,9 +332,6 @@ FROM rollouts;
 SELECT rollout_id FROM rollouts WHERE suspect = 1 AND status != 'succeeded' ORDER BY seq DESC LIMIT 20;
 
 -- name: notify_queued
-SELECT 1;
-
--- name: notify_finished
 SELECT 1;
 
 -- name: kv_put
