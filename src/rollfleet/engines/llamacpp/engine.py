@@ -55,7 +55,8 @@ class LlamaCppEngine(ThreadedEngine):
         model_path: str | Path | None = None,
         *,
         slots: int = 8,
-        cached_seqs: int | None = None,
+        cached_seqs: int = 0,
+        idle_tokens: int | None = None,
         ctx_per_seq: int = 2048,
         threads: int | None = None,
         n_batch: int = 512,
@@ -75,8 +76,9 @@ class LlamaCppEngine(ThreadedEngine):
         self.last_update: WeightUpdate | None = None
         super().__init__(self.path.stem)
         self.max_concurrency = slots
-        # KV sequences beyond the running ones, for the prefix cache (as many again by default)
-        self.cached_seqs = slots if cached_seqs is None else cached_seqs
+        # the prefix cache's options (rollfleet.engines.llamacpp.scheduler): KV sequences beyond
+        # the running ones (in the same cells), and tokens decoded before an idle cache is dropped
+        self.cached_seqs, self.idle_tokens = cached_seqs, idle_tokens
         self.ctx_per_seq, self.n_batch, self.verbose = ctx_per_seq, n_batch, verbose
         self.threads = threads or max(1, len(os.sched_getaffinity(0)))
         self.llm: LlamaCppModel | None = None

@@ -294,9 +294,8 @@ class LlamaCppModel:
         n_batch: int,
         verbose: bool,
     ) -> None:
-        """``slots`` sequences of up to ``ctx_per_seq`` tokens each run at once, and
-        ``cached_seqs`` more keep finished conversations for the prefix cache; each sequence has
-        its own ``ctx_per_seq`` KV cells."""
+        """``slots`` sequences of up to ``ctx_per_seq`` tokens each run at once, in
+        ``slots * ctx_per_seq`` KV cells that ``cached_seqs`` more sequences share when idle."""
         import llama_cpp
         from llama_cpp import _internals as internals
 
@@ -308,14 +307,12 @@ class LlamaCppModel:
             path_model=str(path), params=llama_cpp.llama_model_default_params(), verbose=True
         )
         params = llama_cpp.llama_context_default_params()
-        self.seqs = min(slots + max(0, cached_seqs), llama_cpp.llama_max_parallel_sequences())
-        params.n_ctx = self.seqs * ctx_per_seq
+        params.n_ctx = slots * ctx_per_seq
         params.n_batch = params.n_ubatch = n_batch
+        self.n_cells = params.n_ctx
+        self.seqs = min(slots + max(0, cached_seqs), llama_cpp.llama_max_parallel_sequences())
         params.n_seq_max = self.seqs
-        # One KV stream per sequence: a token attends over its own sequence's cells only. In one
-        # unified pool it walks every cell in use, masked, other sequences' and idle caches'
-        # included (docs/engines/llamacpp.md: 16 decoding 1.5x slower, 2x with 16 idle caches).
-        params.kv_unified = False
+        params.kv_unified = True  # measured: split per-sequence caches decode far slower here
         params.n_threads = params.n_threads_batch = threads
         self.ctx = internals.LlamaContext(model=self.model, params=params, verbose=True)
         self.batch = llama_cpp.llama_batch_init(n_batch, 0, 1)

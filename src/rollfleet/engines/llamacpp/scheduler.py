@@ -12,13 +12,17 @@ has, ``finish_reason="abort"``.
 Prefix cache: a finished sequence leaves its tokens in its KV sequence, and a new request goes to
 the free sequence holding the longest prefix of its prompt; only the rest is prefilled. Agents
 send the same system prompt every time and each turn's prompt extends the last one, so most of a
-prompt is usually there already (llama-server's ``cache_prompt``). The engine keeps
-``cached_seqs`` more KV sequences than run at once (as many again by default): with no more
-sequences than rollouts, a rollout whose turn is away (a tool call, a runner that died and has
-not resumed yet) loses its cache to the next new conversation, whose turn then evicts another,
-and so on. Each sequence has its own cells (rollfleet.engines.llamacpp.model), so an idle cache
-costs memory, not decode time; the least recently used one goes first when a new conversation
-needs a sequence.
+prompt is usually there already (llama-server's ``cache_prompt``). Two options, off by default
+until both sides of ``bench/resume.py`` have been measured with them:
+``LlamaCppEngine(cached_seqs=N)`` keeps N more KV sequences than run at once, in the same cells:
+with no more sequences than rollouts, a rollout whose turn is away (a tool call, a runner that
+died and has not resumed yet) loses its cache to the next new conversation, whose turn then
+evicts another, and so on; an idle cache is then dropped, least recently used first, when a
+running sequence needs its cells. An idle cache is not free, though: in llama.cpp's unified KV
+cache every token decoded attends over every cell in use, masked, the idle ones included (16 idle
+conversations of ~230 tokens made 16 running ones decode about half as fast, in a one-off
+check). With ``idle_tokens=T``, an idle cache is dropped once T tokens have been decoded without
+it.
 
 As in llama-server, the logits of a prompt computed partly from the cache differ from a full
 prefill in the last bits (other kernels for other batch shapes), so a near-tie can sample
@@ -60,6 +64,7 @@ class _Seq:
     decoder: TextDecoder = field(default_factory=TextDecoder)
     spans: list[tuple[int, int]] = field(default_factory=list)  # (first token, weights version)
     refilled: int | None = None  # after a swap: how much of prompt + out the new cache holds
+    cells: int = 0  # the KV cells it may grow into: its prompt and max_tokens, at most a context
 
     @property
     def position(self) -> int:
@@ -124,6 +129,8 @@ class Scheduler:
         self.running: dict[int, _Seq] = {}
         # every KV sequence not running, least recently used first: the prefix cache's order
         self.free = list(range(self.llm.seqs))
+        self.decoded = 0  # tokens run through llama_decode so far
+        self.idle_since: dict[int, int] = {}  # a cached sequence -> ``decoded`` when it finished
         self.stopping = False
 
     def loop(self) -> None:
@@ -190,7 +197,35 @@ class Scheduler:
             kept = self.llm.reuse(slot, prompt) if self.engine.prefix_cache else 0
             self.engine.reused_tokens += kept
             spans = [(0, self.engine.version)]
-            self.running[slot] = _Seq(pending, slot, prompt, rng, prefilled=kept, spans=spans)
+            cells = min(len(prompt) + pending.request.params.max_tokens, self.engine.ctx_per_seq)
+            self.running[slot] = _Seq(
+                pending, slot, prompt, rng, prefilled=kept, spans=spans, cells=cells
+            )
+            self._make_room()
+
+    def _drop_stale(self) -> None:
+        """Drop the idle caches that the engine's ``idle_tokens`` tokens have been decoded
+        without (``free`` is in the order they went idle: the first fresh one ends the search)."""
+        limit = self.engine.idle_tokens
+        if limit is None:
+            return
+        for slot in self.free:
+            if slot in self.llm.cached:
+                if self.decoded - self.idle_since.get(slot, 0) <= limit:
+                    return
+                self.llm.forget(slot)
+
+    def _make_room(self) -> None:
+        """Drop idle sequences' caches, least recently used first, until the running sequences
+        have the cells they may grow into (each at most ``ctx_per_seq``, so it always fits)."""
+        held = {slot: len(self.llm.cached.get(slot, ())) for slot in self.free}
+        used = sum(held.values()) + sum(seq.cells for seq in self.running.values())
+        for slot in self.free:
+            if used <= self.llm.n_cells:
+                return
+            if held[slot]:
+                self.llm.forget(slot)
+                used -= held[slot]
 
     def _prompt_ids(self, request: GenerationRequest) -> list[int]:
         assert self.llm is not None
@@ -230,6 +265,8 @@ class Scheduler:
             for seq in list(self.running.values()):
                 self._finish(seq, FinishReason.ABORT, error=exc)
             return
+        self.decoded += len(entries)
+        self._drop_stale()
         for seq, index in sampled:
             self._advance(seq, index)
 
@@ -281,6 +318,7 @@ class Scheduler:
         if done and self.engine.prefix_cache and whole:
             # the KV cache holds the prompt and every generated token but (maybe) the last
             self.llm.keep(seq.slot, seq.prompt + seq.out[:-1])
+            self.idle_since[seq.slot] = self.decoded
         else:
             self.llm.forget(seq.slot)
         self.free.append(seq.slot)
