@@ -312,7 +312,9 @@ class LlamaCppModel:
         self.n_cells = params.n_ctx
         self.seqs = min(slots + max(0, cached_seqs), llama_cpp.llama_max_parallel_sequences())
         params.n_seq_max = self.seqs
-        params.kv_unified = True  # measured: split per-sequence caches decode far slower here
+        # measured: a KV stream per sequence is faster only for long conversations decoding on
+        # one thread, and 1.6x slower on the demo (docs/engines/llamacpp.md)
+        params.kv_unified = True
         params.n_threads = params.n_threads_batch = threads
         self.ctx = internals.LlamaContext(model=self.model, params=params, verbose=True)
         self.batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
