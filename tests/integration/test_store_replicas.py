@@ -55,6 +55,7 @@ async def test_a_wait_on_one_replica_wakes_when_another_finishes_requeues_or_can
     assert first.attempt is not None
     waiting = asyncio.create_task(b.wait_for_rollouts(["ro-0"], 20.0))
     await asyncio.sleep(0.1)  # b has read ro-0 unfinished and waits
+    assert not waiting.done()
     started = time.monotonic()
     await a.complete_many(
         [Completion(attempt_id=first.attempt.attempt_id, status=AttemptStatus.SUCCEEDED)]
@@ -63,6 +64,7 @@ async def test_a_wait_on_one_replica_wakes_when_another_finishes_requeues_or_can
     assert done.status is RolloutStatus.SUCCEEDED and time.monotonic() - started < PROMPT_S
     waiting = asyncio.create_task(b.wait_for_rollouts(["ro-2"], 20.0))
     await asyncio.sleep(0.1)
+    assert not waiting.done()
     started = time.monotonic()
     await a.cancel("ro-2")
     [cancelled] = await asyncio.wait_for(waiting, 10)
@@ -70,7 +72,7 @@ async def test_a_wait_on_one_replica_wakes_when_another_finishes_requeues_or_can
     [held] = await a.claim("w")
     claiming = asyncio.create_task(b.claim("w2", wait_s=20.0))
     await asyncio.sleep(0.1)  # b's claim found nothing and waits
-    assert held.attempt is not None
+    assert held.attempt is not None and not claiming.done()
     started = time.monotonic()
     await a.release(held.attempt.attempt_id)
     [again] = await asyncio.wait_for(claiming, 10)
