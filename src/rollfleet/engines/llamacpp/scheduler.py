@@ -12,8 +12,10 @@ has, ``finish_reason="abort"``.
 Prefix cache: a finished sequence leaves its tokens in its KV sequence, and a new request goes to
 the free sequence holding the longest prefix of its prompt; only the rest is prefilled. Agents
 send the same system prompt every time and each turn's prompt extends the last one, so most of a
-prompt is usually there already (llama-server's ``cache_prompt``). Two options, off by default
-until both sides of ``bench/resume.py`` have been measured with them:
+prompt is usually there already (llama-server's ``cache_prompt``). A conversation whose sequence
+a new one takes is copied to host memory first, and copied back on its next turn
+(:mod:`~rollfleet.engines.llamacpp.host_cache`, ``host_cache_mb``, on by default). Two more
+options, off by default:
 ``LlamaCppEngine(cached_seqs=N)`` keeps N more KV sequences than run at once, in the same cells:
 with no more sequences than rollouts, a rollout whose turn is away (a tool call, a runner that
 died and has not resumed yet) loses its cache to the next new conversation, whose turn then
