@@ -78,7 +78,8 @@ def resume_rows(d: dict[str, Any]) -> list[str]:
     kills = " vs ".join(
         "–".join(str(k) for k in (min(s["kills"]), max(s["kills"]))) for s in (res, rst)
     )
-    why_wall = f"; per round {per_round}; kills a round {kills} (one every ~{st['kill_mean_s']:.0f} s of the run)"
+    every = f"one every ~{st['kill_mean_s']:.0f} s of the run"
+    why_wall = f"; per round {per_round}; kills a round {kills} ({every})"
     if None not in cpu and None not in prefilled:  # what the engine, busy throughout, did
         why_wall += (
             f"; the engine's CPU {cpu[0]:.0f} s vs {cpu[1]:.0f} s: the tokens it generated and "

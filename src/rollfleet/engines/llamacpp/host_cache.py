@@ -57,7 +57,7 @@ class HostCache:
         self.entries: OrderedDict[int, Entry] = OrderedDict()
         self.nbytes = 0
         self._keys = itertools.count()
-        self.saved = self.restored = 0  # conversations put in and taken back, for the figures
+        self.restored = 0  # conversations taken back, for the figures
 
     def put(self, tokens: list[int], state: ctypes.Array[ctypes.c_uint8]) -> None:
         """Keep a conversation; the ones it extends go, and older ones while over budget."""
@@ -69,7 +69,6 @@ class HostCache:
                 self._drop(key)  # an earlier turn of the same conversation
         self.entries[next(self._keys)] = entry
         self.nbytes += entry.nbytes
-        self.saved += 1
         while self.nbytes > self.budget:
             self._drop(next(iter(self.entries)))
 

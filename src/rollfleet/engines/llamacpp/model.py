@@ -403,8 +403,8 @@ class LlamaCppModel:
     def _restore(self, slot: int, prompt: list[int], kept: int) -> int:
         """Copy into ``slot`` the saved conversation sharing the longest start with ``prompt``,
         when it shares more than the ``kept`` tokens the slot holds; the tokens it now holds."""
-        if not self.host.entries:
-            return kept
+        if not self.host.entries or len(prompt) < kept + MIN_GAIN:
+            return kept  # nothing saved, or nothing worth restoring
         found = self.host.best(np.asarray(prompt, dtype=np.int32))
         if found is None or found[1] < kept + MIN_GAIN:
             return kept
