@@ -319,8 +319,7 @@ def test_the_kl_figure_off_the_loss_costs_one_reference_pass_in_the_loss_every_r
 
 def collate_widths(*chunks):  # type: ignore[no-untyped-def]
     """The padding fraction of these micro-batches."""
-    from rollfleet.train.grpo import collate
-    from rollfleet.train.policy import padding_fraction
+    from rollfleet.train.grpo import collate, padding_fraction
 
     return padding_fraction([collate(c) for c in chunks])
 

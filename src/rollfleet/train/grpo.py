@@ -33,6 +33,10 @@ from rollfleet.coordinator.experiences import Experience
 from rollfleet.errors import InvalidInput
 
 MAX_SEQUENCE_TOKENS = 8192  # a row longer than this is refused, never allocated
+# Rows of a micro-batch that start alike for at least this many tokens (a group's prompt) have
+# that start computed once: its keys and values serve every row, and its gradient is the sum of
+# theirs. A shorter common start is not worth a forward pass of its own.
+MIN_SHARED_PREFIX = 16
 
 
 @dataclass(frozen=True)
@@ -171,11 +175,23 @@ def token_logprobs(
 
     start = first_action(batch) - 1  # the position whose logits predict the first action token
     width = batch.input_ids.shape[1]
-    logits = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        logits_to_keep=width - start,  # the vocabulary head only where a token is trained
-    ).logits
+    shared = shared_prompt(batch)
+    if not shared:
+        logits = model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            logits_to_keep=width - start,  # the vocabulary head only where a token is trained
+        ).logits
+    else:  # the rows' common prompt once, its keys and values given to every row
+        prompt = model(input_ids=batch.input_ids[:1, :shared], use_cache=True, logits_to_keep=1)
+        cache = prompt.cache
+        cache.batch_repeat_interleave(batch.input_ids.shape[0])
+        logits = model(
+            input_ids=batch.input_ids[:, shared:],
+            attention_mask=batch.attention_mask,
+            cache=cache,
+            logits_to_keep=width - start,
+        ).logits
     temperatures = batch.temperatures.to(logits.device, torch.float32)[:, None, None]
     logp = torch.log_softmax(logits[:, :-1].float() / temperatures, dim=-1)
     picked = logp.gather(-1, batch.input_ids[:, start + 1 :].unsqueeze(-1)).squeeze(-1)
@@ -186,6 +202,31 @@ def token_logprobs(
     with grad:
         spread = -(logp.exp() * logp).sum(-1)
     return picked, torch.nn.functional.pad(spread, (start + 1, 0))
+
+
+def shared_prompt(batch: TrainBatch) -> int:
+    """How many leading tokens of ``batch`` a forward pass computes once for every row (0: none):
+    the tokens every row has alike, up to the position before the first action token (whose
+    logits are the first the loss needs), when at least MIN_SHARED_PREFIX."""
+    ids = batch.input_ids
+    if ids.shape[0] < 2:
+        return 0
+    alike = (ids == ids[:1]).all(0) & batch.attention_mask.bool().all(0)
+    differ = (~alike).nonzero()
+    shared = min(int(differ[0].item()) if len(differ) else ids.shape[1], first_action(batch) - 1)
+    return shared if shared >= MIN_SHARED_PREFIX else 0
+
+
+def padding_fraction(chunks: Sequence[TrainBatch]) -> float:
+    """The share of the token slots the micro-batches' forward passes computed that were
+    padding (a prompt the rows share counts once)."""
+    slots = tokens = 0
+    for c in chunks:
+        rows, width = c.input_ids.shape
+        shared = shared_prompt(c)
+        slots += shared + rows * (width - shared)
+        tokens += shared + int(c.attention_mask.sum()) - rows * shared
+    return 1.0 - tokens / slots if slots else 0.0
 
 
 def first_action(batch: TrainBatch) -> int:

@@ -16,6 +16,7 @@ import copy
 import json
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from rollfleet.train.grpo import (
     collate,
     drop_uniform_groups,
     grpo_loss,
+    padding_fraction,
     token_logprobs,
 )
 
@@ -202,7 +204,7 @@ def grpo_step(
         raise InvalidInput("grpo_step: kl_coef needs the reference policy (the initial one)")
     started = time.perf_counter()
     kept = drop_uniform_groups(experiences) if options.dynamic_sampling else list(experiences)
-    kept.sort(key=lambda e: len(e.tokens))  # rows of like length share a micro-batch: less padding
+    kept = micro_batch_order(kept)
     chunks = [
         collate(kept[i : i + micro_batch], pad_id, mask_truncated=options.mask_truncated)
         for i in range(0, len(kept), micro_batch)
@@ -253,10 +255,23 @@ def grpo_step(
     )
 
 
-def padding_fraction(chunks: Sequence[TrainBatch]) -> float:
-    """The share of the micro-batches' token slots that are padding."""
-    slots = sum(c.attention_mask.numel() for c in chunks)
-    return 1.0 - sum(int(c.attention_mask.sum()) for c in chunks) / slots if slots else 0.0
+def micro_batch_order(rows: Sequence[Experience]) -> list[Experience]:
+    """``rows`` in the order a step micro-batches them: rows with the same prompt (the tokens
+    before a row's first action token) side by side, so a micro-batch computes the prompt they
+    share once; the shorter first among rows alike (rows of like length share a micro-batch:
+    less padding), and rows whose prompt no other row has by length alone."""
+
+    def prompt(e: Experience) -> tuple[int, ...]:
+        first = next((i for i, m in enumerate(e.action_mask) if m), len(e.tokens))
+        return tuple(e.tokens[:first])
+
+    prompts = [prompt(e) for e in rows]
+    seen = Counter(prompts)
+    order = sorted(
+        range(len(rows)),
+        key=lambda i: (prompts[i] if seen[prompts[i]] > 1 else (), len(rows[i].tokens)),
+    )
+    return [rows[i] for i in order]
 
 
 class Policy:
