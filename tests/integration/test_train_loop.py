@@ -6,8 +6,11 @@ by each evaluated version and the run ends with metrics.jsonl and reward.png."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -66,3 +69,42 @@ async def test_steps_train_push_evaluate_and_stay_within_the_bound(
     assert lines == records
     assert (out / "reward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "checkpoints" / "latest").read_text() == "step-2"
+
+
+async def test_the_next_batch_is_generated_while_a_step_trains(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """K = 1: batch step-2, submitted as step 1 begins, is generated to its end while step 1
+    trains (the training step leaves free the event loop that serves the engine's gateway)."""
+    require(all(importlib.util.find_spec(m) for m in NEEDS), " and ".join(NEEDS))
+    from rollfleet.run import train as loop
+    from rollfleet.train.policy import Policy
+
+    real = Policy.step
+    seen: dict[str, int] = {}
+
+    def step(self: Policy, rows: list) -> object:  # type: ignore[type-arg]
+        if rows[0].batch_id == "step-1":
+            seen["step-2 done"] = wait_for_batch(tmp_path / "out" / "store.db", "step-2", 4)
+        return real(self, rows)
+
+    monkeypatch.setattr(Policy, "step", step)
+    monkeypatch.setattr(loop, "_signal", lambda rows: True)  # every step trains, even on ties
+    records = await loop.train(small(tmp_path, eval_data=None), Console(quiet=True))  # type: ignore[arg-type]
+    assert [r["version"] for r in records if r["kind"] == "step"] == [1, 2, 3]
+    assert seen == {"step-2 done": 4}
+
+
+def wait_for_batch(db: Path, batch: str, rollouts: int, timeout: float = 120.0) -> int:
+    """How many rollouts of ``batch`` have succeeded in the store ``db``, once all ``rollouts``
+    have or ``timeout`` seconds have passed (read from another connection, as the WAL allows)."""
+    deadline = time.monotonic() + timeout
+    done = 0
+    while done < rollouts and time.monotonic() < deadline:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+            (done,) = conn.execute(
+                "SELECT count(*) FROM rollouts WHERE batch_id = ? AND status = 'succeeded'",
+                (batch,),
+            ).fetchone()
+        time.sleep(0.05)  # the polling interval; the condition is what ends the wait
+    return int(done)

@@ -20,6 +20,7 @@ batch whose training was cut short is trained on from the store (no sample lost 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -255,7 +256,9 @@ class _Loop:
         )
         rows = [r for r in read_experiences(stats.path) if r.logprobs is not None]
         trained = time.perf_counter()
-        figures = self.policy.step(rows) if _signal(rows) else None
+        # In a thread of its own: this event loop serves the gateway the runners generate
+        # through, so the next batch is generated while this one trains.
+        figures = await asyncio.to_thread(self.policy.step, rows) if _signal(rows) else None
         saved = time.perf_counter()
         record = {
             "kind": "step",
@@ -272,7 +275,8 @@ class _Loop:
             "seconds/train": saved - trained,
         }
         ckpt = time.perf_counter()
-        checkpoint.save(
+        await asyncio.to_thread(
+            checkpoint.save,
             self.opts.output_dir / "checkpoints",
             step,
             self.policy.model,
