@@ -103,6 +103,16 @@ def train_step_rows(d: dict[str, Any]) -> list[str]:
             f"SmolLM2-135M on 2 cores: {label} | {f['median']:.2f} s ({f['min']:.2f}-{f['max']:.2f}) | "
             f"{full:.2f} s (full fine-tuning) | {full / f['median']:.2f}× faster |"
         )
+    if "shared_prompt" in d:
+        g = d["shared_prompt"]
+        s, w, gs = g["shared"], g["whole"], g["settings"]
+        rows.append(
+            f"| train | one GRPO step on {gs['groups']} prompts ({gs['prompt_tokens']} tokens) x "
+            f"{gs['group']} rows, LoRA q/v, 1 thread: each group's prompt computed once, "
+            f"{gs['rounds']} alternating rounds | {s['median']:.2f} s ({s['min']:.2f}-{s['max']:.2f}) | "
+            f"{w['median']:.2f} s ({w['min']:.2f}-{w['max']:.2f}; every row whole, before) | "
+            f"{g['speedup']:.2f}× faster |"
+        )
     return rows
 
 

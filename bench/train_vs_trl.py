@@ -171,9 +171,18 @@ def cpu_seconds() -> tuple[float, float]:
 
 
 def cache_dir() -> Path:
-    """Where finished runs wait for the results file: the same settings find them again, so a
-    bench killed from outside (this machine is shared) goes on from its last finished run."""
+    """Where finished runs wait for the results file: the same settings and the same code find
+    them again, so a bench killed from outside (this machine is shared) goes on from its last
+    finished run, and one run again after a change to the code starts afresh."""
+    code = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout
+    changes = subprocess.run(
+        ["git", "-C", str(ROOT), "diff", "HEAD", "--", "src", "bench"], capture_output=True
+    ).stdout
     settings = [
+        code.strip(),
+        hashlib.sha256(changes).hexdigest(),
         ROUNDS,
         STEPS,
         TASKS,

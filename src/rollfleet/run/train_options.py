@@ -119,8 +119,9 @@ class TrainOptions:
         core (the engine as ``rollfleet run`` gives it, a core left for sandboxed programs).
         Synchronous (K=0) the phases take turns. Asynchronous they overlap, and splitting the
         cores between them measured slower on 2 cores than sharing all of them
-        (bench/train_threads.py): the engine finishes a step's batch early and then idles, while
-        a trainer on fewer threads is slower for the whole step."""
+        (bench/train_threads.py): overlapped steps take as long either way, and the steps that
+        do not overlap (the first batch's generation, the last step's training) are faster on
+        every core."""
         return engine_threads(get_mode(self.mode)), len(os.sched_getaffinity(0))
 
     def run_options(self) -> RunOptions:
