@@ -6,7 +6,8 @@ moving and installing tensors, which depends on their sizes only.
 
 1. Sync throughput, in alternating rounds: pushing the state dict to a gateway in another
    process (``PUT /v1/rollfleet/weights/{v}`` naming a sealed memfd, as ``push_weights`` does on
-   this host: framing, XXH3-64, the memfd, decoding, the copy into the live model) against a
+   this host: framing, XXH3-64, the memfd, decoding and checking, the engine taking the
+   tensors over the mapping as they are) against a
    plain in-memory copy of the same tensors into a model of the same shape in this process (the
    physical limit here), after one untimed push (the engine makes its standby model, the
    trainer its spare memfd; the in-process figures leave out their first update too). Also the
@@ -24,7 +25,8 @@ moving and installing tensors, which depends on their sizes only.
 
 ``python -m bench.weights --only sync`` runs part 1 alone (a minute or two). After each push the
 trainer's process makes the memfd the next one fills (off the push, in a thread, as while a
-trainer trains); each round waits for it before the in-memory copy.
+trainer trains), and the engine frees the version before in a thread; each round waits for the
+first and half a second for the second before the in-memory copy.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ async def _sync() -> dict[str, Any]:
         copy_s, push_s, install_s, update_s = [], [], [], []
         await _push_when_up(push_weights, url, source, 1)  # untimed: the standby, the spare
         await asyncio.to_thread(_spare_made)
+        await asyncio.sleep(0.5)
         for version in range(2, ROUNDS + 2):
             started = time.perf_counter()
             with torch.no_grad():
@@ -101,6 +104,7 @@ async def _sync() -> dict[str, Any]:
             answer = await _push_when_up(push_weights, url, source, version)  # same host: memfd
             push_s.append(time.perf_counter() - started)
             await asyncio.to_thread(_spare_made)
+            await asyncio.sleep(0.5)  # the engine frees the version before in a thread too
             update_s.append(answer["update_s"]["hf-0"])
             install_s.append(answer.get("pause_s", answer["update_s"])["hf-0"])  # older gateways
             print(

@@ -186,9 +186,9 @@ def gateway_router(
         if path is None:  # the push is the body
             tensors = await decode(request.stream())
             answer = await gateway.update_weights(named(tensors), version, base=base)
-        else:  # a client on this host wrote it to a sealed memfd
+        else:  # a client on this host wrote it to a sealed memfd: engines may serve from it
             with mapped_push_memfd(path) as view:
-                tensors = await decode(view)
+                tensors = await decode(view, sealed=True)
                 answer = await gateway.update_weights(named(tensors), version, base=base)
                 del tensors  # before the mapping closes
         return Response(orjson.dumps(answer), media_type="application/json")

@@ -6,8 +6,11 @@ waiting requests join the batch between two steps, up to ``max_batch`` rows, and
 rows leave it. Weight updates are copied into a second copy of the model (the standby)
 while generation goes on, and the worker swaps the two between two decode steps, so no
 generation ever sees half-updated weights and decoding stops only for the swap (and the KV
-recompute of running rows). ``double_buffer=False`` copies into the live parameters in place
-on the worker instead (half the memory, generation stopped for the whole copy).
+recompute of running rows). A same-host push's tensors (over its sealed memfd's mapping,
+which nobody can change) are not copied: the standby's parameters become them, and after the
+swap the old model's take them too, so both serve one copy and the version before is freed.
+``double_buffer=False`` copies into the live parameters in place on the worker instead (half
+the memory, generation stopped for the whole copy).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import asyncio
 import copy
 import logging
 import queue
+import threading
 import time
 from collections.abc import Sequence
 from functools import partial
@@ -68,6 +72,9 @@ class HFEngine(ThreadedEngine):
         self.double_buffer = double_buffer  # False: updates copy into the live model in place
         self.standby: Any = None  # the second copy of the model, made on the first update
         self.stale: set[str] = set()  # tensors whose standby values lag the live model's
+        # ids of the parameters and buffers (of either copy) that serve a sealed push's tensors
+        # as they are, in memory that is not the engine's: never written, replaced instead
+        self.kept: set[int] = set()
         self.last_pause_s: float | None = None  # the worker's time in the last update
         self._updating = asyncio.Lock()  # one update at a time: they share the standby
         # LoRA: the weights an adapter is applied to, of the modules it adapts (kept from the
@@ -202,21 +209,58 @@ class HFEngine(ThreadedEngine):
             except BaseException:
                 self.stale |= sent  # the standby may hold some of them: bring it back next time
                 raise
+            self._share_kept()
             return len(pairs), new
 
     def _fill_standby(self, pairs: list[tuple[str, Any]]) -> None:
         """Off the worker: bring the tensors the last update changed up to date in the standby
-        (from the live model, which only the worker reads), then copy the new ones in."""
+        (from the live model, which only the worker reads), then put the new ones in."""
         import torch
+
+        from rollfleet.engines.weights.wire import is_sealed
 
         live = self.hf_model.state_dict(keep_vars=True)
         standby = self.standby.state_dict(keep_vars=True)
         lagging = self.stale - {name for name, _ in pairs}  # those sent now are overwritten
         with torch.no_grad():
             for name in sorted(lagging):
-                standby[name].copy_(live[name])
-        self.stale -= lagging
-        self._copy(self.standby, pairs)
+                self._put(standby[name], live[name], id(live[name]) in self.kept)
+            self.stale -= lagging
+            for name, tensor in pairs:
+                self._put(standby[name], tensor, is_sealed(tensor))
+
+    def _put(self, target: Any, tensor: Any, keep: bool) -> None:
+        """``tensor`` into ``target``, a standby parameter or buffer. With ``keep`` (a sealed
+        push's tensor, which nobody can change, or a live one that serves one) and when it fits
+        (device, dtype, aligned), the standby serves it as it is: no copy. Otherwise it is
+        copied into the standby's own memory (new memory where the standby kept a tensor: that
+        one is never written)."""
+        import torch
+
+        source = torch.as_tensor(tensor).detach()
+        fits = source.device == target.device and source.dtype == target.dtype
+        if keep and fits and source.data_ptr() % source.element_size() == 0:
+            target.data = source
+            self.kept.add(id(target))
+        elif id(target) in self.kept:
+            target.data = source.to(target.device, target.dtype, copy=True)
+            self.kept.discard(id(target))
+        else:
+            target.copy_(source.to(target.device, target.dtype))
+
+    def _share_kept(self) -> None:
+        """After a swap: the standby's tensors that lag a kept live one take it too (both
+        only read it), so the memory of the version before goes now, not at the next update.
+        It is freed in a thread: unmapping and freeing a push's pages takes a while (~0.06 s
+        for 538 MB here), which the update need not wait for."""
+        live = self.hf_model.state_dict(keep_vars=True)
+        standby = self.standby.state_dict(keep_vars=True)
+        shared = {name for name in self.stale if id(live[name]) in self.kept}
+        old = [standby[name].data for name in shared]  # the last references to it, maybe
+        for name in shared:
+            self._put(standby[name], live[name], keep=True)
+        self.stale -= shared
+        threading.Thread(target=old.clear, name="rollfleet-hf-free", daemon=True).start()
 
     def _swap(self, base: int | None, version: int | None, sent: set[str]) -> int:
         """On the worker, between two decode steps: the standby becomes the live model."""

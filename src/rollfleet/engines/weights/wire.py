@@ -46,6 +46,8 @@ MAGIC = b"RFW2"
 OLD_MAGICS = {b"RFW1": "RFW1 (CRC-32 checksums)"}
 CHECKSUM = "xxh3_64"  # the header field: the payload's XXH3-64
 CHUNK = 1 << 20  # a push memfd is written and hashed a chunk at a time, while it is in cache
+ALIGN = 64  # a push memfd's bucket payloads start on this boundary (a cache line)
+SEALED = "rollfleet_sealed"  # the attribute that marks a tensor over a sealed push memfd
 MAX_HEADER = 1 << 20  # bytes of one bucket's header
 MAX_BUCKET = 4 << 30  # bytes of one bucket's payload
 MAX_TENSORS = 1_000_000
@@ -253,13 +255,56 @@ class _BufferReader:
         return self.at == len(self.view)
 
 
-async def decode(chunks: AsyncIterator[bytes] | memoryview) -> list[tuple[str, Any]]:
+@dataclass(frozen=True, slots=True)
+class _Received:
+    """One bucket read off a push: its tensors, its checksum and its payload."""
+
+    index: int
+    headers: list[TensorHeader]
+    digest: int
+    payload: bytearray | memoryview
+
+
+async def decode(
+    chunks: AsyncIterator[bytes] | memoryview, *, sealed: bool = False
+) -> list[tuple[str, Any]]:
     """Every named tensor of a push (an HTTP body's chunks, or a mapped push memfd), as torch
     tensors over the received bytes, once the end marker arrived and each bucket's checksum
-    matched; InvalidInput otherwise."""
-    import torch
-
+    matched; InvalidInput otherwise. A mapped memfd's buckets are checked in threads, one a
+    core. ``sealed``: the memoryview maps a sealed push memfd (:func:`mapped_push_memfd`), so
+    nobody can change its bytes: the tensors are marked (:func:`is_sealed`) for an engine to
+    serve from as they are, without a copy."""
+    mapped = isinstance(chunks, memoryview)
     reader = _BufferReader(chunks) if isinstance(chunks, memoryview) else _Reader(chunks)
+    await _check_magic(reader)
+    received: list[_Received] = []
+    total = count = 0
+    while True:
+        (length,) = struct.unpack("<I", await reader.take(4))
+        if length == 0:
+            break
+        index = len(received)
+        if length > MAX_HEADER:
+            raise InvalidInput(f"weights: bucket {index} header: {length} bytes, max {MAX_HEADER}")
+        headers, digest = parse_header(bytes(await reader.take(length)))
+        size = sum(h.nbytes for h in headers)
+        total, count = total + size, count + len(headers)
+        if size > MAX_BUCKET or total > MAX_TOTAL:
+            raise InvalidInput(f"weights: bucket {index} of {size} bytes is over the limits")
+        if count > MAX_TENSORS:
+            raise InvalidInput(f"weights: more than {MAX_TENSORS} tensors")
+        bucket = _Received(index, headers, digest, await reader.take(size))
+        if not mapped:  # checked as it arrives, while the next one is on the wire
+            _verify([bucket])
+        received.append(bucket)
+    if not await reader.at_end():
+        raise InvalidInput("weights: bytes after the end marker")
+    if mapped:
+        await _verify_in_threads(received)
+    return _tensors(received, sealed and mapped)
+
+
+async def _check_magic(reader: _Reader | _BufferReader) -> None:
     magic = bytes(await reader.take(len(MAGIC)))
     if magic in OLD_MAGICS:
         raise InvalidInput(
@@ -268,28 +313,48 @@ async def decode(chunks: AsyncIterator[bytes] | memoryview) -> list[tuple[str, A
         )
     if magic != MAGIC:
         raise InvalidInput(f"weights: the body does not start with the {MAGIC.decode()} magic")
+
+
+def _verify(buckets: list[_Received]) -> None:
+    """InvalidInput naming the first bucket whose payload does not match its checksum."""
+    _refuse_corrupt(_corrupt(buckets))
+
+
+def _refuse_corrupt(corrupt: list[int]) -> None:
+    if corrupt:
+        raise InvalidInput(f"weights: bucket {min(corrupt)} is corrupt ({CHECKSUM} mismatch)")
+
+
+def _corrupt(buckets: list[_Received]) -> list[int]:
+    """The indexes of the buckets whose payload does not match its checksum."""
+    return [b.index for b in buckets if xxhash.xxh3_64_intdigest(b.payload) != b.digest]
+
+
+async def _verify_in_threads(buckets: list[_Received]) -> None:
+    """:func:`_verify` in one thread a core (XXH3 lets go of the GIL), the buckets shared out
+    by size, off the event loop."""
+    import asyncio
+
+    cores = max(1, min(len(buckets), len(os.sched_getaffinity(0))))
+    shares: list[list[_Received]] = [[] for _ in range(cores)]
+    loads = [0] * cores
+    for bucket in sorted(buckets, key=lambda b: -len(b.payload)):
+        least = loads.index(min(loads))
+        shares[least].append(bucket)
+        loads[least] += len(bucket.payload)
+    found = await asyncio.gather(*(asyncio.to_thread(_corrupt, share) for share in shares))
+    _refuse_corrupt([index for share in found for index in share])
+
+
+def _tensors(received: list[_Received], sealed: bool) -> list[tuple[str, Any]]:
+    """The checked buckets' tensors, as views over their payloads (marked when ``sealed``)."""
+    import torch
+
     out: list[tuple[str, Any]] = []
     seen: set[str] = set()
-    total = 0
-    index = 0
-    while True:
-        (length,) = struct.unpack("<I", await reader.take(4))
-        if length == 0:
-            break
-        if length > MAX_HEADER:
-            raise InvalidInput(f"weights: bucket {index} header: {length} bytes, max {MAX_HEADER}")
-        headers, digest = parse_header(bytes(await reader.take(length)))
-        size = sum(h.nbytes for h in headers)
-        total += size
-        if size > MAX_BUCKET or total > MAX_TOTAL:
-            raise InvalidInput(f"weights: bucket {index} of {size} bytes is over the limits")
-        if len(out) + len(headers) > MAX_TENSORS:
-            raise InvalidInput(f"weights: more than {MAX_TENSORS} tensors")
-        payload = await reader.take(size)
-        if xxhash.xxh3_64_intdigest(payload) != digest:
-            raise InvalidInput(f"weights: bucket {index} is corrupt ({CHECKSUM} mismatch)")
+    for bucket in received:
         offset = 0
-        for h in headers:
+        for h in bucket.headers:
             if h.name in seen:
                 raise InvalidInput(f"weights: tensor {h.name!r} sent twice")
             seen.add(h.name)
@@ -297,15 +362,23 @@ async def decode(chunks: AsyncIterator[bytes] | memoryview) -> list[tuple[str, A
             if h.nbytes == 0:
                 out.append((h.name, torch.empty(h.shape, dtype=dtype)))
                 continue
-            with warnings.catch_warnings():  # a mapped push memfd is read-only; it is only read
+            with warnings.catch_warnings():  # a read-only buffer: it is only read
                 warnings.simplefilter("ignore", UserWarning)
-                raw = torch.frombuffer(payload, dtype=torch.uint8, count=h.nbytes, offset=offset)
-            out.append((h.name, raw.view(dtype).reshape(h.shape)))
+                raw = torch.frombuffer(
+                    bucket.payload, dtype=torch.uint8, count=h.nbytes, offset=offset
+                )
+            tensor = raw.view(dtype).reshape(h.shape)
+            if sealed:
+                setattr(tensor, SEALED, True)
+            out.append((h.name, tensor))
             offset += h.nbytes
-        index += 1
-    if not await reader.at_end():
-        raise InvalidInput("weights: bytes after the end marker")
     return out
+
+
+def is_sealed(tensor: Any) -> bool:
+    """True for a tensor :func:`decode` made over a sealed push memfd: nobody can change its
+    bytes, so an engine may serve it as it is instead of copying it."""
+    return bool(getattr(tensor, SEALED, False))
 
 
 def push_dir() -> str:
@@ -364,8 +437,11 @@ def memfd_path(fd: int) -> str:
 
 def _write_bucket(fd: int, bucket: _Bucket, at: int) -> int:
     """Write one bucket at offset ``at``: room for its header (as long as the longest digest
-    makes it), the payload, then the header, padded with spaces; return where it ends."""
+    makes it, padded so that the payload starts on an :data:`ALIGN` boundary: an engine may
+    serve tensors from the mapping as they lie), the payload, then the header, padded with
+    spaces; return where it ends."""
     room = len(bucket.header(2**64 - 1))
+    room += -(at + 4 + room) % ALIGN
     head_at, at = at, at + 4 + room
     digest = xxhash.xxh3_64()
     for view in bucket.views:
@@ -389,11 +465,15 @@ def _pwrite(fd: int, data: bytes | memoryview, at: int) -> int:
 @contextlib.contextmanager
 def mapped_push_memfd(path: str) -> Iterator[memoryview]:
     """A push a client on this host wrote to a memfd (:func:`write_push_memfd`), named by
-    ``path`` (``/proc/<pid>/fd/<fd>``), mapped read-only (tensors are made over it without a
-    copy, and only read: an engine copies them into its model). The path is untrusted: only a
-    regular file of this process's user, sealed against shrinking and writing (so nobody can
-    truncate it under the mapping, which would kill this process with SIGBUS, nor change the
-    bytes once checked), is mapped; InvalidInput naming what is wrong otherwise."""
+    ``path`` (``/proc/<pid>/fd/<fd>``), mapped. Tensors are made over it without a copy, and an
+    engine may serve them from it (:func:`decode` with ``sealed``): the mapping lives as long
+    as a tensor over it. It is private: the memfd's own pages are read through it, and a write
+    in this process (none is meant) would get a copy of its page instead of the fault a
+    read-only mapping gives. Pages are mapped as they are first read (the checksum pass), not
+    ahead. The path is untrusted: only a regular file of this process's user, sealed against
+    shrinking and writing (so nobody can truncate it under the mapping, which would kill this
+    process with SIGBUS, nor change the bytes once checked), is mapped; InvalidInput naming
+    what is wrong otherwise."""
     if not MEMFD_PATH.fullmatch(path):
         raise InvalidInput(f"weights: {path[:200]!r} is not a push memfd (/proc/<pid>/fd/<fd>)")
     fd = _open_regular(path)
@@ -402,8 +482,8 @@ def mapped_push_memfd(path: str) -> Iterator[memoryview]:
         size = os.fstat(fd).st_size
         if not 0 < size <= MAX_TOTAL + MAX_HEADER:
             raise InvalidInput(f"weights: {path!r} has {size} bytes")
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # read-only, pre-faulted
-        mapped = mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ)
+        prot = mmap.PROT_READ | mmap.PROT_WRITE  # private: a write copies, never reaches it
+        mapped = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=prot)
     finally:
         os.close(fd)
     try:
