@@ -88,8 +88,9 @@ def headline() -> str:
             f"| GRPO samples/s, bundled model, `rollfleet train` K=1 | "
             f"{k1['samples_per_s']['median']:.2f} | {trl['samples_per_s']['median']:.2f} (TRL "
             f"GRPOTrainer) | {k1['vs_trl']:.2f}× |",
-            f"| held-out reward after {vs_trl['settings']['steps']} steps | "
-            f"{k1['heldout']['median']:.2f} | {trl['heldout']['median']:.2f} | |",
+            f"| held-out reward at equal wall time / after {vs_trl['settings']['steps']} steps | "
+            f"{k1['heldout_at_budget']['median']:.2f} / {k1['heldout']['median']:.2f} | "
+            f"{trl['heldout_at_budget']['median']:.2f} / {trl['heldout']['median']:.2f} | |",
         ]
     )
 
