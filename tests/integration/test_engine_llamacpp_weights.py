@@ -293,3 +293,39 @@ async def test_drain_mode_waits_for_running_requests(cache, new_gguf) -> None:
     finally:
         await engine.stop()
     assert result.versions == [(0, 0)] and len(result.completion_token_ids) == 160
+
+
+async def test_a_relabel_mid_generation_keeps_the_kv_cache_and_the_tokens(cache) -> None:
+    """A step that changed nothing relabels the weights: running requests go on from their KV
+    cache (not prefilled again over cells they still hold: llama.cpp refused that batch and
+    every running request failed), their tokens exactly those of an engine never relabelled,
+    and each says where the new label began."""
+    from rollfleet.engines.base import Delta, GenerationRequest, SamplingParams
+
+    params = SamplingParams(max_tokens=96, temperature=0, ignore_eos=True)
+    engine = make_engine(cache)
+    await engine.start()
+    try:
+        plain = await engine.generate(GenerationRequest(prompt="Once upon a time", params=params))
+        other = asyncio.create_task(
+            engine.generate(GenerationRequest(prompt="Count to twenty:", params=params))
+        )
+        seen, label = 0, None
+        request = GenerationRequest(prompt="Once upon a time", params=params)
+        async for item in engine.stream(request):
+            if isinstance(item, Delta):
+                seen += len(item.token_ids)
+                if seen >= 4 and label is None:
+                    label = asyncio.create_task(engine.relabel(7))
+            else:
+                result = item
+        second = await other
+        assert label is not None and await label == 7
+    finally:
+        await engine.stop()
+    assert result.finish_reason.value == "length"
+    assert list(result.completion_token_ids) == list(plain.completion_token_ids)
+    (first, v0), (cut, v1) = result.versions
+    assert (first, v0, v1) == (0, 0, 7) and 4 <= cut < 96, result.versions
+    assert second.finish_reason.value == "length" and len(second.completion_token_ids) == 96
+    assert [v for _, v in second.versions] == [0, 7]

@@ -328,6 +328,7 @@ class LlamaCppModel:
         eos = self.model.token_get_text(self.model.token_eos())
         self.template = ChatTemplate(meta.get("tokenizer.chat_template"), bos, eos)
         self.adapter: Any = None  # the LoRA adapter applied (freed with the model)
+        self.kv_epoch = 0  # counts the times every sequence's KV cache was dropped
         self.cached: dict[int, list[int]] = {}  # slot -> the tokens its KV cache holds
         self.host = HostCache(host_cache_bytes)
 
@@ -469,6 +470,7 @@ class LlamaCppModel:
             self.lib.llama_adapter_lora_free(self.adapter)
         self.adapter = adapter
         self.ctx.kv_cache_clear()  # type: ignore[no-untyped-call]
+        self.kv_epoch += 1
         self.cached.clear()
         self.host.clear()
 

@@ -80,11 +80,17 @@ class _Seq:
 
     def swapped(self, version: int) -> None:
         """New weights: the KV cache is gone; prefill again, prompt and tokens so far."""
+        self.relabelled(version)
         if self.out:
             self.refilled = 0
-            self.spans.append((len(self.out), version))
         else:
             self.prefilled = 0
+
+    def relabelled(self, version: int) -> None:
+        """The same weights under a new version: its tokens from the next on say ``version``."""
+        if self.out:
+            self.spans.append((len(self.out), version))
+        else:
             self.spans[-1] = (0, version)
 
 
@@ -150,12 +156,20 @@ class Scheduler:
 
     def _control(self, call: Callable[[], None]) -> None:
         """Run a call for the worker between two steps; after a swap every running sequence
-        prefills again under the new weights (the old model's KV cache went with it)."""
-        before = self.engine.version
+        prefills again under the new weights (the old model's KV cache went with it, or the
+        adapter's change dropped it); after a relabel (the same weights, a new version) each goes
+        on from its KV cache, its next tokens under the new version."""
+        before, llm = self.engine.version, self.engine.llm
+        kv = None if llm is None else llm.kv_epoch
         call()
-        if self.engine.version != before:
-            for seq in self.running.values():
+        if self.engine.version == before:
+            return
+        moved = self.engine.llm is not llm or self.llm.kv_epoch != kv
+        for seq in self.running.values():
+            if moved:
                 seq.swapped(self.engine.version)
+            else:
+                seq.relabelled(self.engine.version)
 
     @property
     def llm(self) -> LlamaCppModel:
