@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -101,3 +102,33 @@ async def test_a_claim_whose_client_hung_up_leases_nothing(server: ServerThread)
     got = await alive.claim("alive", wait_s=5)
     assert [r.rollout_id for r in got] == ["r1"] and got[0].attempt.worker_id == "alive"
     await alive.close()
+
+
+async def test_hot_calls_are_served_in_front_of_fastapis_stack(tmp_path: Path) -> None:
+    """The guard, then the lean hot routes, then FastAPI with the parts' middleware: a hot call
+    never reaches that middleware, any other call does, and the guard refuses both."""
+    from rollfleet.server.app import create_app
+    from rollfleet.store import open_sql_store
+
+    reached: list[str] = []
+
+    class Recorder:
+        def __init__(self, app: Any) -> None:
+            self.app = app
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            reached.append(scope["path"])
+            await self.app(scope, receive, send)
+
+    store = open_sql_store(f"sqlite:///{tmp_path}/s.db")
+    app = create_app(store, reaper_interval_s=None, middleware=[(Recorder, {})])
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+        assert (await http.post("/claims", json={"worker_id": "w"})).json() == []
+        assert (await http.get("/health")).json() == {"status": "ok"}
+        cross = await http.post(
+            "/claims", json={"worker_id": "w"}, headers={"sec-fetch-site": "cross-site"}
+        )
+        assert cross.status_code == 403
+    assert reached == ["/health"]
+    await store.close()
