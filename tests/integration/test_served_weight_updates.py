@@ -23,7 +23,7 @@ from support import free_port, require
 from rollfleet.engines.served.engine import ServedEngine
 from rollfleet.engines.served.sglang import SGLangEngine
 from rollfleet.engines.served.vllm import VLLMEngine
-from rollfleet.engines.weights.wire import push_dir
+from rollfleet.engines.weights.memfd import push_dir
 from rollfleet.errors import EngineError
 
 STANDIN = str(Path(__file__).resolve().parent.parent / "served_standin.py")

@@ -167,7 +167,8 @@ async def test_a_path_that_is_not_a_sealed_memfd_of_the_servers_user_is_refused_
     of the server's user sealed against shrinking and writing is read. A file in the push
     directory (what a push used to be) is refused by name like any other path, and nothing
     changes."""
-    from rollfleet.engines.weights.wire import FILE_HEADER, memfd_path, push_dir, write_push_memfd
+    from rollfleet.engines.weights.memfd import memfd_path, push_dir, write_push_memfd
+    from rollfleet.engines.weights.wire import FILE_HEADER
 
     url, _, engine = hf_served
     fd = write_push_memfd(state(1), 1 << 20)
@@ -206,13 +207,8 @@ async def test_a_push_memfd_round_trips_and_a_flipped_byte_in_it_is_422_naming_t
 ) -> None:
     """The memfd is written a chunk at a time with each header after its payload: it decodes to
     the tensors sent, and a byte changed in it is caught, before anything is applied."""
-    from rollfleet.engines.weights.wire import (
-        FILE_HEADER,
-        decode,
-        mapped_push_memfd,
-        memfd_path,
-        write_push_memfd,
-    )
+    from rollfleet.engines.weights.memfd import mapped_push_memfd, memfd_path, write_push_memfd
+    from rollfleet.engines.weights.wire import FILE_HEADER, decode
 
     url, _, engine = hf_served
     before = await greedy(engine)
@@ -264,13 +260,13 @@ async def test_an_old_format_push_is_422_naming_the_format(hf_served) -> None:
 async def test_a_spare_memfd_of_any_size_and_bytes_is_cut_to_the_push_and_sealed() -> None:
     """A spare (made between pushes, its pages allocated) holding stale or foreign bytes, larger
     or smaller than the push, ends up holding exactly the push, sealed like a new one."""
-    from rollfleet.engines.weights.wire import (
-        decode,
+    from rollfleet.engines.weights.memfd import (
         mapped_push_memfd,
         memfd_path,
         new_push_memfd,
         write_push_memfd,
     )
+    from rollfleet.engines.weights.wire import decode
 
     sent = state(1)
     exact = write_push_memfd(sent, 1 << 16)

@@ -126,13 +126,8 @@ async def test_a_mapped_delta_keeps_the_rest_from_the_version_before(hf_served) 
 async def test_a_write_to_a_served_tensor_stays_in_this_process() -> None:
     """The mapping is private: a write (none is meant) copies its page, neither faults nor
     reaches the memfd."""
-    from rollfleet.engines.weights.wire import (
-        decode,
-        is_sealed,
-        mapped_push_memfd,
-        memfd_path,
-        write_push_memfd,
-    )
+    from rollfleet.engines.weights.memfd import mapped_push_memfd, memfd_path, write_push_memfd
+    from rollfleet.engines.weights.wire import decode, is_sealed
 
     fd = write_push_memfd(state(1), 1 << 16)
     try:

@@ -21,15 +21,9 @@ from support import eventually, greedy, require
 
 from rollfleet.engines.hf.engine import HFEngine
 from rollfleet.engines.tiny import tiny_hf_model
+from rollfleet.engines.weights.memfd import memfd_path, write_push_memfd
 from rollfleet.engines.weights.push import push_weights, weights_url
-from rollfleet.engines.weights.wire import (
-    FILE_HEADER,
-    JUMP_HEADER,
-    MAGIC,
-    encode,
-    memfd_path,
-    write_push_memfd,
-)
+from rollfleet.engines.weights.wire import FILE_HEADER, JUMP_HEADER, MAGIC, encode
 from rollfleet.errors import EngineError, InvalidInput
 
 AUTH = {"authorization": "Bearer s3cret"}

@@ -164,13 +164,8 @@ def gateway_router(
     async def _receive(version: int, request: Request) -> Response:
         """Read one push (body or memfd) and install it (RollfleetError when refused)."""
         from rollfleet.engines.weights.lora import LoraAdapter
-        from rollfleet.engines.weights.wire import (
-            FILE_HEADER,
-            decode,
-            delta_base,
-            lora_alpha,
-            mapped_push_memfd,
-        )
+        from rollfleet.engines.weights.memfd import mapped_push_memfd
+        from rollfleet.engines.weights.wire import FILE_HEADER, decode, delta_base, lora_alpha
 
         base, alpha = delta_base(request.headers), lora_alpha(request.headers)
 

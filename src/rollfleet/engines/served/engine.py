@@ -32,7 +32,7 @@ import httpx
 from rollfleet.engines.base import NamedTensors
 from rollfleet.engines.served.openai import OpenAIEngine
 from rollfleet.engines.served.process import ServerProcess
-from rollfleet.engines.weights.wire import push_dir
+from rollfleet.engines.weights.memfd import push_dir
 from rollfleet.errors import EngineError
 
 CHECKPOINT_FILE = "model.safetensors"

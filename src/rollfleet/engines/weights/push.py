@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from rollfleet.engines.weights.lora import LoraAdapter
+from rollfleet.engines.weights.memfd import memfd_path, new_push_memfd, write_push_memfd
 from rollfleet.engines.weights.wire import (
     BASE_HEADER,
     DELTA_HEADER,
@@ -30,10 +31,7 @@ from rollfleet.engines.weights.wire import (
     PUSH_BUCKET_BYTES,
     dtype_name,
     encode,
-    memfd_path,
-    new_push_memfd,
     raw_view,
-    write_push_memfd,
 )
 from rollfleet.errors import InvalidInput
 
@@ -166,7 +164,7 @@ log = logging.getLogger("rollfleet.engines")
 
 class _Spare:
     """One allocated memfd this process keeps for its next push on this host
-    (:func:`~rollfleet.engines.weights.wire.new_push_memfd`), made after each push, off its
+    (:func:`~rollfleet.engines.weights.memfd.new_push_memfd`), made after each push, off its
     path, the size of that push: the next one only copies into it. A forked child never fills
     its parent's. Freed by the kernel with the process, however it ends. It costs the process
     that memory between pushes: none is kept for a push over :data:`SPARE_MAX`."""

@@ -1,4 +1,4 @@
-"""The weights push format: a framed, checksummed stream of buckets, and the same-host memfd.
+"""The weights push format: a framed, checksummed stream of buckets.
 
 One push is one HTTP request (``PUT /v1/rollfleet/weights/{version}``, body
 ``application/octet-stream``) whose body is::
@@ -16,7 +16,7 @@ bucket beyond the tensors themselves. Nothing is applied until the end marker ar
 checksum matched: a trainer killed mid-push, a corrupt bucket or a refused tensor leaves every
 engine on its old weights, and the next push starts afresh (there is no upload state to clean
 up). On the same host the same bytes go to a sealed memfd and only its ``/proc/<pid>/fd/<fd>``
-path travels (:func:`write_push_memfd`, :func:`mapped_push_memfd`).
+path travels (:mod:`rollfleet.engines.weights.memfd`).
 
 Every size a caller sets is capped (header, bucket, tensor count, total bytes), dtypes are an
 allow-list, and each tensor's byte count must equal its shape times its element size.
@@ -24,14 +24,9 @@ allow-list, and each tensor's byte count must equal its shape times its element 
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
-import mmap
 import os
-import re
 import struct
-import tempfile
 import warnings
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -45,8 +40,6 @@ from rollfleet.errors import InvalidInput
 MAGIC = b"RFW2"
 OLD_MAGICS = {b"RFW1": "RFW1 (CRC-32 checksums)"}
 CHECKSUM = "xxh3_64"  # the header field: the payload's XXH3-64
-CHUNK = 1 << 20  # a push memfd is written and hashed a chunk at a time, while it is in cache
-ALIGN = 64  # a push memfd's bucket payloads start on this boundary (a cache line)
 SEALED = "rollfleet_sealed"  # the attribute that marks a tensor over a sealed push memfd
 MAX_HEADER = 1 << 20  # bytes of one bucket's header
 MAX_BUCKET = 4 << 30  # bytes of one bucket's payload
@@ -59,7 +52,6 @@ JUMP_HEADER = "x-rollfleet-weights-jump"  # "1": the version may advance by more
 MAX_STEP = 1000  # how far one push may move the version without JUMP_HEADER
 BASE_HEADER = "x-rollfleet-weights-base"
 LORA_HEADER = "x-rollfleet-weights-lora-alpha"  # the push is a LoRA adapter with this alpha
-MEMFD_PATH = re.compile(r"/proc/[1-9][0-9]{0,9}/fd/[0-9]{1,10}")  # what FILE_HEADER may name
 DTYPES = {
     "float32": 4,
     "float16": 2,
@@ -135,7 +127,7 @@ def raw_view(tensor: Any) -> memoryview:
 
 
 @dataclass(frozen=True, slots=True)
-class _Bucket:
+class EncodedBucket:
     """One bucket to send: its header's tensor entries and the tensors' bytes."""
 
     entries: list[list[Any]]
@@ -146,12 +138,14 @@ class _Bucket:
         return json.dumps({"tensors": self.entries, CHECKSUM: digest}).encode()
 
 
-def _buckets(tensors: Iterable[tuple[str, Any]], bucket_bytes: int) -> Iterator[_Bucket]:
+def encoded_buckets(
+    tensors: Iterable[tuple[str, Any]], bucket_bytes: int
+) -> Iterator[EncodedBucket]:
     """Named tensors in buckets of about ``bucket_bytes``, as header entries and byte views."""
     for bucket in bucket_tensors(tensors, bucket_bytes):
         views = [(name, tensor, raw_view(tensor)) for name, tensor in bucket.items]
         entries = [[name, dtype_name(t), list(t.shape), view.nbytes] for name, t, view in views]
-        yield _Bucket(entries, [view for _, _, view in views])
+        yield EncodedBucket(entries, [view for _, _, view in views])
 
 
 def encode(
@@ -159,7 +153,7 @@ def encode(
 ) -> Iterator[bytes | memoryview]:
     """The body of a push: the magic, each bucket's header and payload, the end marker."""
     yield MAGIC
-    for bucket in _buckets(tensors, bucket_bytes):
+    for bucket in encoded_buckets(tensors, bucket_bytes):
         digest = xxhash.xxh3_64()
         for view in bucket.views:
             digest.update(view)
@@ -271,9 +265,10 @@ async def decode(
     """Every named tensor of a push (an HTTP body's chunks, or a mapped push memfd), as torch
     tensors over the received bytes, once the end marker arrived and each bucket's checksum
     matched; InvalidInput otherwise. A mapped memfd's buckets are checked in threads, one a
-    core. ``sealed``: the memoryview maps a sealed push memfd (:func:`mapped_push_memfd`), so
-    nobody can change its bytes: the tensors are marked (:func:`is_sealed`) for an engine to
-    serve from as they are, without a copy."""
+    core. ``sealed``: the memoryview maps a sealed push memfd
+    (:func:`~rollfleet.engines.weights.memfd.mapped_push_memfd`), so nobody can change its
+    bytes: the tensors are marked (:func:`is_sealed`) for an engine to serve from as they are,
+    without a copy."""
     mapped = isinstance(chunks, memoryview)
     reader = _BufferReader(chunks) if isinstance(chunks, memoryview) else _Reader(chunks)
     await _check_magic(reader)
@@ -379,158 +374,3 @@ def is_sealed(tensor: Any) -> bool:
     """True for a tensor :func:`decode` made over a sealed push memfd: nobody can change its
     bytes, so an engine may serve it as it is instead of copying it."""
     return bool(getattr(tensor, SEALED, False))
-
-
-def push_dir() -> str:
-    """Shared memory where there is some (served engines' checkpoints go there); pushes on this
-    host use a memfd instead (:func:`write_push_memfd`)."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-
-
-def new_push_memfd(size: int) -> int:
-    """A new memfd (Linux) of ``size`` bytes whose pages are allocated now (``fallocate``), for
-    :func:`write_push_memfd` to fill: a push into it then only copies (0.16 s for 538 MB here),
-    where a new one's pages are allocated and zeroed as it is written (0.23 s). Freed by the
-    kernel with its last descriptor, so a process killed while holding one leaves nothing
-    behind (it is in no directory)."""
-    fd = os.memfd_create("rollfleet-weights", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    try:
-        if size:
-            os.posix_fallocate(fd, 0, size)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def write_push_memfd(
-    tensors: Iterable[tuple[str, Any]], bucket_bytes: int, spare: int | None = None
-) -> int:
-    """Write a push to ``spare`` (a :func:`new_push_memfd`, never sealed, any size: it is cut or
-    grown to the push) or else a new memfd, seal it against any change, and return its
-    descriptor, for :func:`memfd_path`. The caller closes it once the gateway answered: the
-    memory goes with the last reference, so a trainer killed mid-push leaves nothing behind.
-    Written with ``pwrite`` a chunk at a time, each chunk hashed just before, while in cache
-    (copying through a writable mapping is faster, but mapping it costs more: its pages are
-    write-faulted one by one, 0.19 s for 538 MB here)."""
-    buckets = list(_buckets(tensors, bucket_bytes))
-    fd = new_push_memfd(0) if spare is None else spare
-    try:
-        at = _pwrite(fd, MAGIC, 0)
-        for bucket in buckets:
-            at = _write_bucket(fd, bucket, at)
-        at = _pwrite(fd, struct.pack("<I", 0), at)
-        os.ftruncate(fd, at)  # a spare larger than this push: its tail goes
-        seals = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def memfd_path(fd: int) -> str:
-    """The path a gateway on this host opens this process's descriptor ``fd`` by (it must see
-    this process's pid: the same pid namespace)."""
-    return f"/proc/{os.getpid()}/fd/{fd}"
-
-
-def _write_bucket(fd: int, bucket: _Bucket, at: int) -> int:
-    """Write one bucket at offset ``at``: room for its header (as long as the longest digest
-    makes it, padded so that the payload starts on an :data:`ALIGN` boundary: an engine may
-    serve tensors from the mapping as they lie), the payload, then the header, padded with
-    spaces; return where it ends."""
-    room = len(bucket.header(2**64 - 1))
-    room += -(at + 4 + room) % ALIGN
-    head_at, at = at, at + 4 + room
-    digest = xxhash.xxh3_64()
-    for view in bucket.views:
-        for i in range(0, view.nbytes, CHUNK):
-            piece = view[i : i + CHUNK]
-            digest.update(piece)
-            at = _pwrite(fd, piece, at)
-    _pwrite(fd, struct.pack("<I", room) + bucket.header(digest.intdigest()).ljust(room), head_at)
-    return at
-
-
-def _pwrite(fd: int, data: bytes | memoryview, at: int) -> int:
-    """Write all of ``data`` at offset ``at``; return the offset after it."""
-    view = memoryview(data).cast("B")
-    while view.nbytes:
-        written = os.pwrite(fd, view, at)
-        view, at = view[written:], at + written
-    return at
-
-
-@contextlib.contextmanager
-def mapped_push_memfd(path: str) -> Iterator[memoryview]:
-    """A push a client on this host wrote to a memfd (:func:`write_push_memfd`), named by
-    ``path`` (``/proc/<pid>/fd/<fd>``), mapped. Tensors are made over it without a copy, and an
-    engine may serve them from it (:func:`decode` with ``sealed``): the mapping lives as long
-    as a tensor over it. It is private: the memfd's own pages are read through it, and a write
-    in this process (none is meant) would get a copy of its page instead of the fault a
-    read-only mapping gives. Pages are mapped as they are first read (the checksum pass), not
-    ahead. The path is untrusted: only a regular file of this process's user, sealed against
-    shrinking and writing (so nobody can truncate it under the mapping, which would kill this
-    process with SIGBUS, nor change the bytes once checked), is mapped; InvalidInput naming
-    what is wrong otherwise."""
-    if not MEMFD_PATH.fullmatch(path):
-        raise InvalidInput(f"weights: {path[:200]!r} is not a push memfd (/proc/<pid>/fd/<fd>)")
-    fd = _open_regular(path)
-    try:
-        _check_seals(fd, path)
-        size = os.fstat(fd).st_size
-        if not 0 < size <= MAX_TOTAL + MAX_HEADER:
-            raise InvalidInput(f"weights: {path!r} has {size} bytes")
-        prot = mmap.PROT_READ | mmap.PROT_WRITE  # private: a write copies, never reaches it
-        mapped = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=prot)
-    finally:
-        os.close(fd)
-    try:
-        yield memoryview(mapped)
-    finally:
-        with contextlib.suppress(BufferError):  # tensors still over it: the GC unmaps it
-            mapped.close()
-
-
-def _open_regular(path: str) -> int:
-    """``path`` opened for reading if it is a regular file of this process's user. It is first
-    only named (``O_PATH``: a pipe, socket or device behind it is not opened, so nothing blocks
-    or happens), checked, then that very file reopened through ``/proc/self/fd``."""
-    try:
-        handle = os.open(path, os.O_PATH | os.O_CLOEXEC)
-    except OSError as exc:
-        raise InvalidInput(f"weights: cannot open {path!r}: {exc.strerror}") from exc
-    try:
-        info = os.fstat(handle)
-        if not stat_is_regular(info.st_mode) or info.st_uid != os.geteuid():
-            raise InvalidInput(f"weights: {path!r} is not a regular file of this server's user")
-        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-        return os.open(f"/proc/self/fd/{handle}", flags)
-    except OSError as exc:
-        raise InvalidInput(f"weights: cannot open {path!r}: {exc.strerror}") from exc
-    finally:
-        os.close(handle)
-
-
-def _check_seals(fd: int, path: str) -> None:
-    """InvalidInput naming the seals the file lacks of those that keep a mapping of it whole
-    (shrinking: SIGBUS) and its checked bytes as they were (writing)."""
-    try:
-        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
-    except OSError:  # a file that cannot be sealed (not a memfd or on tmpfs)
-        seals = 0
-    needed = {fcntl.F_SEAL_SHRINK: "shrinking", fcntl.F_SEAL_WRITE: "writing"}
-    missing = [what for seal, what in needed.items() if not seals & seal]
-    if missing:
-        raise InvalidInput(
-            f"weights: {path!r} is not sealed against {' or '.join(missing)}"
-            " (push_weights writes a sealed memfd)"
-        )
-
-
-def stat_is_regular(mode: int) -> bool:
-    """True for a regular file's ``st_mode``."""
-    import stat
-
-    return stat.S_ISREG(mode)
