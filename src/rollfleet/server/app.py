@@ -38,7 +38,8 @@ class ControlPlane(FastAPI):
 
     FastAPI wraps every request in its own layers (the 500 handler, exception telemetry, a body
     limit, a telemetry check per request) before any user middleware: for the hot calls, which
-    need none of them, they were ~4% of the server's CPU per one-at-a-time handover (issue 34).
+    need none of them, they were ~4% of the server's CPU per one-at-a-time handover (a py-spy
+    profile, issue 34).
     Every HTTP request passes the guard first, then the lean routes, then FastAPI as before.
     """
 

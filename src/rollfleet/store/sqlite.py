@@ -2,10 +2,10 @@
 
 Writes queued during one turn of the event loop run together as one group: each operation in
 its own SAVEPOINT inside one ``BEGIN IMMEDIATE`` transaction (an operation alone needs none), one
-commit. They run on the event
-loop's own thread: a separate writer thread measured ~20% slower, its GIL hand-offs with the loop
-thread (one per SQLite step) costing more than the overlap they bought. A bulk write (a large
-enqueue, an operator requeue) runs on a thread instead, so the loop stays responsive meanwhile.
+commit. They run on the event loop's own thread: a separate writer thread measured ~20% slower,
+its GIL hand-offs with the loop thread (one per SQLite step) costing more than the overlap they
+bought. A bulk write (a large enqueue, an operator requeue) runs on a thread instead, so the loop
+stays responsive meanwhile.
 
 The commit itself does not wait for the disk (``synchronous=NORMAL``); the flusher thread
 ``fdatasync``s the WAL file and only then answers the durable callers of every group committed
@@ -369,6 +369,7 @@ def _soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -
 
 
 def _settle_all(settled: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
+    """Answer every future of one event loop that a sync made durable, in one wake-up."""
     for fut, value, error in settled:
         _settle(fut, value, error)
 

@@ -159,8 +159,8 @@ class Scheduler:
         prefills again under the new weights (the old model's KV cache went with it, or the
         adapter's change dropped it); after a relabel (the same weights, a new version) each goes
         on from its KV cache, its next tokens under the new version."""
-        before, llm = self.engine.version, self.engine.llm
-        kv = None if llm is None else llm.kv_epoch
+        before, llm = self.engine.version, self.llm
+        kv = llm.kv_epoch
         call()
         if self.engine.version == before:
             return
