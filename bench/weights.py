@@ -10,7 +10,9 @@ moving and installing tensors, which depends on their sizes only.
    tensors over the mapping as they are) against a
    plain in-memory copy of the same tensors into a model of the same shape in this process (the
    physical limit here), after one untimed push (the engine makes its standby model, the
-   trainer its spare memfd; the in-process figures leave out their first update too). Also the
+   trainer its spare memfd; the in-process figures leave out their first update too), with the
+   push's parts: the trainer writing its memfd (``write_s``), the gateway mapping and checking
+   it (``receive_s``) and the engine's update (``update_s``). Also the
    time the engine's worker spent on them (the gateway's ``pause_s``: generation stopped)
    against the whole update (``update_s``), and the same two
    in this process for a double-buffered engine (the default: tensors copied into a standby
@@ -90,7 +92,7 @@ async def _sync() -> dict[str, Any]:
     try:
         url = (await asyncio.to_thread(server.stdout.readline)).strip()  # type: ignore[union-attr]
         await asyncio.sleep(0)
-        copy_s, push_s, install_s, update_s = [], [], [], []
+        copy_s, push_s, install_s, update_s, write_s, receive_s = [], [], [], [], [], []
         await _push_when_up(push_weights, url, source, 1)  # untimed: the standby, the spare
         await asyncio.to_thread(_spare_made)
         await asyncio.sleep(0.5)
@@ -106,10 +108,13 @@ async def _sync() -> dict[str, Any]:
             await asyncio.to_thread(_spare_made)
             await asyncio.sleep(0.5)  # the engine frees the version before in a thread too
             update_s.append(answer["update_s"]["hf-0"])
+            write_s.append(answer["write_s"])
+            receive_s.append(answer["receive_s"])
             install_s.append(answer.get("pause_s", answer["update_s"])["hf-0"])  # older gateways
             print(
-                f"round {version - 1}: memcpy {copy_s[-1]:.3f} s, push {push_s[-1]:.3f} s,"
-                f" paused {install_s[-1] * 1000:.3f} ms of {update_s[-1]:.3f} s",
+                f"round {version - 1}: memcpy {copy_s[-1]:.3f} s, push {push_s[-1]:.3f} s"
+                f" (write {write_s[-1]:.3f}, receive {receive_s[-1]:.3f}, update"
+                f" {update_s[-1]:.3f}), paused {install_s[-1] * 1000:.3f} ms",
                 flush=True,
             )
     finally:
@@ -121,6 +126,8 @@ async def _sync() -> dict[str, Any]:
         "push_s": median_range(push_s),
         "install_s": median_range(install_s),
         "update_s": median_range(update_s),
+        "write_s": median_range(write_s),
+        "receive_s": median_range(receive_s),
         "memcpy_mb_s": mb / statistics.median(copy_s),
         "push_mb_s": mb / statistics.median(push_s),
         "push_vs_memcpy": statistics.median(copy_s) / statistics.median(push_s),
@@ -270,6 +277,10 @@ def main(only: str | None = None) -> dict[str, Any]:
                 ["in-memory copy (the limit here)", f"{sync['memcpy_mb_s']:.0f} MB/s"],
                 ["push over HTTP to a gateway in another process", f"{sync['push_mb_s']:.0f} MB/s"],
                 ["push / in-memory copy", f"{sync['push_vs_memcpy']:.2f}x"],
+                ["in-memory copy", _ms(sync["memcpy_s"])],
+                ["whole push", _ms(sync["push_s"])],
+                ["of it, the trainer writing its memfd", _ms(sync["write_s"])],
+                ["of it, the gateway mapping and checking it", _ms(sync["receive_s"])],
                 ["generation stopped while installing (HF, pushed)", _ms(sync["install_s"])],
                 ["whole update on the engine (HF, pushed)", _ms(sync["update_s"])],
                 ["in process, double buffer: generation stopped", _ms(double["pause_s"])],

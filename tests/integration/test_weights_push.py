@@ -52,6 +52,7 @@ async def test_a_push_during_generation_fails_none_and_matches_a_fresh_engine(
     done = await asyncio.gather(*running)
     assert all(len(g.completion_token_ids) == 40 for g in done)  # none failed or was cut
     assert answer["version"] == 1 and answer["replicas"][0]["weights_version"] == 1
+    assert answer["receive_s"] > 0 and ("write_s" in answer) == (transport == "file")
     assert gateway.weights_version == engine.version == 1
     async with httpx.AsyncClient() as client:
         listed = (
@@ -305,9 +306,10 @@ async def test_successive_pushes_fill_the_spare_and_serve_exactly_the_new_weight
     url, _, engine = hf_served
     for version in (1, 2, 3):
         sent = state(version)
-        await push_weights(url, sent, version=version, token="s3cret", transport="file")
+        answer = await push_weights(url, sent, version=version, token="s3cret", transport="file")
         live = engine.hf_model.state_dict()
         assert engine.version == version
+        assert answer["write_s"] > 0 and answer["receive_s"] > 0  # the push's parts, timed
         assert all(live[name].equal(tensor) for name, tensor in sent)
         for thread in threading.enumerate():
             if thread.name == "rollfleet-push-spare":

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -136,7 +137,9 @@ def gateway_router(
         X-Rollfleet-Weights-Delta: 1 with X-Rollfleet-Weights-Base: N sends only some tensors,
         computed against version N: 409 unless every replica serves N.
         X-Rollfleet-Weights-Lora-Alpha: A makes it a LoRA adapter
-        (rollfleet.engines.weights.lora): 422 unless every replica applies adapters."""
+        (rollfleet.engines.weights.lora): 422 unless every replica applies adapters. The
+        answer has, beside each replica's install times, ``receive_s``: reading and checking
+        the push, before any install."""
         from rollfleet.engines.weights.wire import JUMP_HEADER, MAX_STEP
 
         try:
@@ -178,14 +181,18 @@ def gateway_router(
                 f" {gateway.weights_version}"
             )
         path = request.headers.get(FILE_HEADER)
+        started = time.monotonic()
         if path is None:  # the push is the body
             tensors = await decode(request.stream())
+            received = time.monotonic() - started
             answer = await gateway.update_weights(named(tensors), version, base=base)
         else:  # a client on this host wrote it to a sealed memfd: engines may serve from it
             with mapped_push_memfd(path) as view:
                 tensors = await decode(view, sealed=True)
+                received = time.monotonic() - started
                 answer = await gateway.update_weights(named(tensors), version, base=base)
                 del tensors  # before the mapping closes
+        answer["receive_s"] = round(received, 6)  # read and checked, before any install
         return Response(orjson.dumps(answer), media_type="application/json")
 
     @router.get("/v1/rollfleet/replicas", dependencies=operator)

@@ -112,9 +112,10 @@ async def push_weights(
     elsewhere (or ``"http"``) it streams in the request body. The gateway must see this
     process's pid: a gateway in another container (another pid namespace) behind a loopback
     port cannot open the path and refuses it (InvalidInput), so push to it with ``"http"``.
-    Returns the gateway's answer: the version and each replica's time to install. Raises what
-    the gateway refused with (Conflict for a version that is not newer, InvalidInput for a bad
-    tensor or bucket).
+    Returns the gateway's answer: the version, each replica's time to install and, over HTTP,
+    the gateway's time to read and check the push (``receive_s``) and, through a memfd, this
+    process's time to write it (``write_s``). Raises what the gateway refused with (Conflict
+    for a version that is not newer, InvalidInput for a bad tensor or bucket).
 
     A full push names every weight. ``delta=True`` sends only some (:func:`changed` finds them),
     computed against weights version ``base`` (required): the rest keep their values, and the
@@ -215,10 +216,14 @@ async def _push_memfd(
     memory goes with the last reference, even if this process is killed) and makes the next
     spare, while the caller goes on."""
     import asyncio
+    import time
 
+    started = time.monotonic()
     fd = await asyncio.to_thread(write_push_memfd, named, bucket_bytes, _SPARE.take())
+    written = time.monotonic() - started
     try:
-        return await _put(url, version, token, None, {**headers, FILE_HEADER: memfd_path(fd)})
+        answer = await _put(url, version, token, None, {**headers, FILE_HEADER: memfd_path(fd)})
+        return {**answer, "write_s": round(written, 6)}
     finally:
         size = os.fstat(fd).st_size
         threading.Thread(
