@@ -189,12 +189,12 @@ NOTES = """\
 - **store, in-process, one at a time**: a durable write (SQLite with its WAL synced to disk)
   against a Python dict in memory. That gap is the price of surviving `kill -9` and a power cut;
   over HTTP, and batched, the durable store wins ([store](store.md)).
-- **weights, push against an in-memory copy**: the copy is the limit no push can pass, and a
-  push to another process is two copies (the trainer's into a memfd, the engine's into its
-  standby model) and two XXH3 passes where the in-memory copy is one: half of its speed is the
-  ceiling. Of a push's 0.34 s, the trainer's copy and hash into the memfd take 0.16 s (a `pwrite`
-  into shared memory is slower than a plain copy), the gateway's mapping 0.035 s, its checksum
-  pass 0.05 s and the engine's copy 0.07 s ([weight sync](engines/weights.md)).
+- **weights, push against an in-memory copy**: the copy is the limit no push can pass. A push to
+  another process is the trainer's copy and XXH3 pass into a sealed memfd, then the gateway's
+  mapping of it (a page fault a page) and its own XXH3 pass; the engine serves the tensors from
+  the mapping, without a copy. Writing a memfd (`pwrite`, one page at a time in the kernel) is
+  slower than a plain copy, so the trainer's part alone takes more than two in-memory copies; the
+  row gives the split ([weight sync](engines/weights.md)).
 - **weights, tokens/s kept under swaps**: `drain` waits for running generations before each swap
   (fewer, later swaps: staler data), `abort` throws the tokens in flight away, and `interruptible`
   recomputes the KV cache of running rows and goes on ([transformers](engines/hf.md#weights)).

@@ -41,7 +41,7 @@ def weights_rows(d: dict[str, Any]) -> list[str]:
     sync, swaps = d["sync"], d["swaps"]
     rows = [
         f"| weights | push of a SmolLM2-135M-shaped state dict ({sync['megabytes']:.0f} MB fp32) to a gateway "
-        f"in another process on this host (shared memory), median of 3 alternating rounds | {sync['push_mb_s']:,.0f} MB/s | {sync['memcpy_mb_s']:,.0f} MB/s (in-memory copy "
+        f"in another process on this host (shared memory), median of 3 alternating rounds{_push_parts(sync)} | {sync['push_mb_s']:,.0f} MB/s | {sync['memcpy_mb_s']:,.0f} MB/s (in-memory copy "
         f"of the same tensors: the limit) | {sync['push_vs_memcpy']:.2f}× |",
         f"| weights | generation stopped while the HF engine installs a pushed update (double buffer: a "
         f"pointer swap; the KV recompute of running rows is in the swap delay below) | "
@@ -57,6 +57,17 @@ def weights_rows(d: dict[str, Any]) -> list[str]:
             f"{swaps['none']['tokens_per_s']['median']:.1f} (no swaps) | {f['kept_vs_no_swaps']:.2f}× |"
         )
     return rows
+
+
+def _push_parts(sync: dict[str, Any]) -> str:
+    """Where a push's time goes (runs from before the split was measured have none)."""
+    if "write_s" not in sync:
+        return ""
+    parts = (sync[k]["median"] * 1000 for k in ("push_s", "write_s", "receive_s", "update_s"))
+    return (
+        ": {:.0f} ms, of it the trainer writing its memfd {:.0f} ms, the gateway mapping and"
+        " checking it {:.0f} ms, the engine's update {:.0f} ms".format(*parts)
+    )
 
 
 def llamacpp_weights_rows(d: dict[str, Any]) -> list[str]:
