@@ -314,22 +314,22 @@ async def test_successive_pushes_fill_the_spare_and_serve_exactly_the_new_weight
         for thread in threading.enumerate():
             if thread.name == "rollfleet-push-spare":
                 thread.join()
-        spare = push._SPARE.fd
-        assert spare is not None
+        (spare,) = push._SPARES.fds  # a small push: one part
         assert os.readlink(f"/proc/self/fd/{spare}").startswith("/memfd:rollfleet-weights")
         os.pwrite(spare, b"\xff" * 4096, 0)  # the next push overwrites all of it
 
 
-def test_a_spare_is_never_kept_over_its_cap_nor_filled_by_a_forked_child() -> None:
+def test_spares_are_never_kept_over_their_cap_nor_filled_by_a_forked_child() -> None:
     from rollfleet.engines.weights import push
 
-    spare = push._Spare()
-    spare.refill(os.memfd_create("test-used"), push.SPARE_MAX + 1)
-    assert spare.take() is None  # the used memfd was closed, and no spare made
-    spare.refill(os.memfd_create("test-used"), 4096)
-    fd = spare.fd
-    assert fd is not None and os.fstat(fd).st_size == 4096
-    spare.pid = -1  # what a forked child sees: its parent's spare
-    assert spare.take() is None and spare.fd is None
-    with pytest.raises(OSError):
-        os.fstat(fd)  # the child's copy of it is closed
+    spares = push._Spares()
+    spares.refill([os.memfd_create("test-used")], [push.SPARE_MAX // 2 + 1] * 2)
+    assert spares.take() == []  # the used memfd was closed, and no spare made
+    spares.refill([os.memfd_create("a"), os.memfd_create("b")], [4096, 8192])
+    fds = list(spares.fds)
+    assert [os.fstat(fd).st_size for fd in fds] == [4096, 8192]
+    spares.pid = -1  # what a forked child sees: its parent's spares
+    assert spares.take() == [] and spares.fds == []
+    for fd in fds:
+        with pytest.raises(OSError):
+            os.fstat(fd)  # the child's copies of them are closed

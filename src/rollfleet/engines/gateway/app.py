@@ -130,10 +130,11 @@ def gateway_router(
     @router.put("/v1/rollfleet/weights/{version}", dependencies=operator)
     async def weights(version: int, request: Request) -> Response:
         """Install new weights on every replica: the body is a push
-        (rollfleet.engines.weights.wire), or the header X-Rollfleet-Weights-File names a sealed
-        memfd a client on this host wrote it to (/proc/<pid>/fd/<fd>); applied once it has all
-        arrived intact; 409 for a version that is not newer, or while another push is being
-        received; 422 for one more than 1000 ahead unless X-Rollfleet-Weights-Jump: 1.
+        (rollfleet.engines.weights.wire), or the header X-Rollfleet-Weights-File names the
+        sealed memfds a client on this host wrote it to, in parts (/proc/<pid>/fd/<fd>, comma
+        separated, at most 64); applied once it has all arrived intact; 409 for a version that
+        is not newer, or while another push is being received; 422 for one more than 1000
+        ahead unless X-Rollfleet-Weights-Jump: 1.
         X-Rollfleet-Weights-Delta: 1 with X-Rollfleet-Weights-Base: N sends only some tensors,
         computed against version N: 409 unless every replica serves N.
         X-Rollfleet-Weights-Lora-Alpha: A makes it a LoRA adapter
@@ -165,9 +166,9 @@ def gateway_router(
             return error_response(exc)
 
     async def _receive(version: int, request: Request) -> Response:
-        """Read one push (body or memfd) and install it (RollfleetError when refused)."""
+        """Read one push (body or memfds) and install it (RollfleetError when refused)."""
         from rollfleet.engines.weights.lora import LoraAdapter
-        from rollfleet.engines.weights.memfd import mapped_push_memfd
+        from rollfleet.engines.weights.memfd import mapped_push_memfds
         from rollfleet.engines.weights.wire import FILE_HEADER, decode, delta_base, lora_alpha
 
         base, alpha = delta_base(request.headers), lora_alpha(request.headers)
@@ -186,12 +187,12 @@ def gateway_router(
             tensors = await decode(request.stream())
             received = time.monotonic() - started
             answer = await gateway.update_weights(named(tensors), version, base=base)
-        else:  # a client on this host wrote it to a sealed memfd: engines may serve from it
-            with mapped_push_memfd(path) as view:
-                tensors = await decode(view, sealed=True)
+        else:  # a client on this host wrote it to sealed memfds: engines may serve from them
+            with mapped_push_memfds(path) as views:
+                tensors = await decode(views, sealed=True)
                 received = time.monotonic() - started
                 answer = await gateway.update_weights(named(tensors), version, base=base)
-                del tensors  # before the mapping closes
+                del tensors  # before the mappings close
         answer["receive_s"] = round(received, 6)  # read and checked, before any install
         return Response(orjson.dumps(answer), media_type="application/json")
 

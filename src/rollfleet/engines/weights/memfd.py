@@ -7,6 +7,7 @@ checked before it is mapped.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import fcntl
 import mmap
@@ -14,7 +15,7 @@ import os
 import re
 import struct
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import xxhash
@@ -79,7 +80,72 @@ def write_push_memfd(
     Written with ``pwrite`` a chunk at a time, each chunk hashed just before, while in cache
     (copying through a writable mapping is faster, but mapping it costs more: its pages are
     write-faulted one by one, 0.19 s for 538 MB here)."""
+    return _write_part(list(encoded_buckets(tensors, bucket_bytes)), spare)
+
+
+def write_push_parts(
+    tensors: Iterable[tuple[str, Any]],
+    bucket_bytes: int,
+    spares: Sequence[int] = (),
+    parts: int | None = None,
+) -> list[int]:
+    """Write a push in ``parts`` memfds side by side, one thread each, and return their
+    descriptors in order: each part is a whole push stream, sealed as :func:`write_push_memfd`
+    seals one, holding a run of buckets about a ``parts``-th of the bytes. The kernel writes
+    one memfd a page at a time under one lock, so two threads writing one memfd are no faster
+    than one, and two writing one each are (538 MB: 41-54 ms against 77-95 ms here). ``parts``
+    defaults to one a core, with at least :data:`MIN_PART` bytes each. ``spares`` fill the
+    parts in order; the rest are closed. On an error every descriptor is closed."""
     buckets = list(encoded_buckets(tensors, bucket_bytes))
+    groups = _runs(buckets, parts or _part_count(buckets))
+    fds: list[int | None] = [*spares[: len(groups)], *[None] * (len(groups) - len(spares))]
+    for extra in spares[len(groups) :]:
+        os.close(extra)
+    if len(groups) == 1:
+        return [_write_part(groups[0], fds[0])]
+    with concurrent.futures.ThreadPoolExecutor(len(groups), "rollfleet-push-part") as pool:
+        pairs = zip(groups, fds, strict=True)
+        futures = [pool.submit(_write_part, group, fd) for group, fd in pairs]
+        concurrent.futures.wait(futures)
+    errors = [error for future in futures if (error := future.exception()) is not None]
+    if errors:
+        for future in futures:
+            if future.exception() is None:
+                os.close(future.result())
+        raise errors[0]
+    return [future.result() for future in futures]
+
+
+MIN_PART = 64 << 20  # bytes: a part smaller than this is not worth a thread of its own
+MAX_PARTS = 64  # memfds one push may name
+
+
+def _part_count(buckets: list[EncodedBucket]) -> int:
+    """One part a core this process may run on, each of at least :data:`MIN_PART` bytes."""
+    size = sum(view.nbytes for bucket in buckets for view in bucket.views)
+    cores = len(os.sched_getaffinity(0))
+    return max(1, min(cores, MAX_PARTS, len(buckets), size // MIN_PART))
+
+
+def _runs(buckets: list[EncodedBucket], parts: int) -> list[list[EncodedBucket]]:
+    """The buckets in ``parts`` consecutive runs (fewer if there are fewer buckets; none empty)
+    of about equal bytes: a run ends where the next bucket's middle passes its share."""
+    sizes = [sum(view.nbytes for view in bucket.views) for bucket in buckets]
+    share = sum(sizes) / max(1, parts)
+    runs: list[list[EncodedBucket]] = [[]]
+    done = 0
+    for i, (bucket, size) in enumerate(zip(buckets, sizes, strict=True)):
+        wanted = parts - len(runs)  # runs still to start
+        late = len(buckets) - i <= wanted  # one bucket each for them from here on
+        if runs[-1] and wanted > 0 and (late or done + size / 2 > share * len(runs)):
+            runs.append([])
+        runs[-1].append(bucket)
+        done += size
+    return runs
+
+
+def _write_part(buckets: list[EncodedBucket], spare: int | None) -> int:
+    """One sealed push stream of ``buckets`` in ``spare`` or a new memfd (closed on an error)."""
     fd = new_push_memfd(0) if spare is None else spare
     try:
         at = _pwrite(fd, MAGIC, 0)
@@ -157,6 +223,18 @@ def mapped_push_memfd(path: str) -> Iterator[memoryview]:
     finally:
         with contextlib.suppress(BufferError):  # tensors still over it: the GC unmaps it
             mapped.close()
+
+
+@contextlib.contextmanager
+def mapped_push_memfds(paths: str) -> Iterator[list[memoryview]]:
+    """The memfds of a push in parts (:func:`write_push_parts`), named by ``paths`` separated
+    by commas (at most :data:`MAX_PARTS`), each mapped as :func:`mapped_push_memfd` maps one;
+    InvalidInput naming the first that is wrong."""
+    names = paths.split(",")
+    if len(names) > MAX_PARTS:
+        raise InvalidInput(f"weights: the push names {len(names)} memfds, at most {MAX_PARTS}")
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(mapped_push_memfd(name.strip())) for name in names]
 
 
 def _open_regular(path: str) -> int:

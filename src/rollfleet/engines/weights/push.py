@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from rollfleet.engines.weights.lora import LoraAdapter
-from rollfleet.engines.weights.memfd import memfd_path, new_push_memfd, write_push_memfd
+from rollfleet.engines.weights.memfd import memfd_path, new_push_memfd, write_push_parts
 from rollfleet.engines.weights.wire import (
     BASE_HEADER,
     DELTA_HEADER,
@@ -108,10 +108,11 @@ async def push_weights(
 ) -> dict[str, Any]:
     """Send named tensors as weights ``version`` to a gateway: a :class:`Gateway` in this
     process, or its URL. To a URL on this host (``transport="auto"`` on Linux, or ``"file"``)
-    the push is written to a sealed memfd and only its ``/proc/<pid>/fd/<fd>`` path is sent;
-    elsewhere (or ``"http"``) it streams in the request body. The gateway must see this
-    process's pid: a gateway in another container (another pid namespace) behind a loopback
-    port cannot open the path and refuses it (InvalidInput), so push to it with ``"http"``.
+    the push is written to sealed memfds (one a core for a large push) and only their
+    ``/proc/<pid>/fd/<fd>`` paths are sent; elsewhere (or ``"http"``) it streams in the request
+    body. The gateway must see this process's pid: a gateway in another container (another pid
+    namespace) behind a loopback port cannot open the paths and refuses them (InvalidInput), so
+    push to it with ``"http"``.
     Returns the gateway's answer: the version, each replica's time to install and, over HTTP,
     the gateway's time to read and check the push (``receive_s``) and, through a memfd, this
     process's time to write it (``write_s``). Raises what the gateway refused with (Conflict
@@ -159,48 +160,55 @@ def untied(tensors: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
     return out
 
 
-SPARE_MAX = 4 << 30  # bytes: a larger push's memfd is made during the push, not kept between
+SPARE_MAX = 4 << 30  # bytes: a larger push's memfds are made during the push, not kept between
 log = logging.getLogger("rollfleet.engines")
 
 
-class _Spare:
-    """One allocated memfd this process keeps for its next push on this host
+class _Spares:
+    """The allocated memfds this process keeps for its next push on this host, one a part
     (:func:`~rollfleet.engines.weights.memfd.new_push_memfd`), made after each push, off its
-    path, the size of that push: the next one only copies into it. A forked child never fills
-    its parent's. Freed by the kernel with the process, however it ends. It costs the process
-    that memory between pushes: none is kept for a push over :data:`SPARE_MAX`."""
+    path, the sizes of that push's parts: the next one only copies into them. A forked child
+    never fills its parent's. Freed by the kernel with the process, however it ends. They cost
+    the process that memory between pushes: none is kept for a push over :data:`SPARE_MAX`."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.fd: int | None = None
+        self.fds: list[int] = []
         self.pid = os.getpid()
 
-    def take(self) -> int | None:
-        """The spare's descriptor, now the caller's (None when there is none)."""
+    def take(self) -> list[int]:
+        """The spares' descriptors, now the caller's (none when there are none)."""
         with self.lock:
-            fd, self.fd = self.fd, None
-            if fd is not None and self.pid != os.getpid():  # a forked child's copy: let it go
-                os.close(fd)
-                return None
-            return fd
+            fds, self.fds = self.fds, []
+            if self.pid != os.getpid():  # a forked child's copies: let them go
+                for fd in fds:
+                    os.close(fd)
+                return []
+            return fds
 
-    def refill(self, used: int, size: int) -> None:
-        """Close a push's memfd, then make the next spare of ``size`` bytes unless one waits or
-        it would be over :data:`SPARE_MAX` (no spare when memory is short: the next push makes
-        its memfd itself, and says so if it cannot)."""
-        os.close(used)
-        if size > SPARE_MAX:
+    def refill(self, used: list[int], sizes: list[int]) -> None:
+        """Close a push's memfds, then make the next spares of ``sizes`` bytes unless some
+        wait or they would be over :data:`SPARE_MAX` (none when memory is short: the next push
+        makes its memfds itself, and says so if it cannot)."""
+        for fd in used:
+            os.close(fd)
+        if sum(sizes) > SPARE_MAX:
             return
         with self.lock:
-            if self.fd is not None and self.pid == os.getpid():
+            if self.fds and self.pid == os.getpid():
                 return
+            made: list[int] = []
             try:
-                self.fd, self.pid = new_push_memfd(size), os.getpid()
+                made.extend(new_push_memfd(size) for size in sizes)
             except OSError as exc:
-                log.debug("weights: no spare push memfd of %d bytes: %s", size, exc)
+                log.debug("weights: no spare push memfds of %s bytes: %s", sizes, exc)
+                for fd in made:
+                    os.close(fd)
+                return
+            self.fds, self.pid = made, os.getpid()
 
 
-_SPARE = _Spare()
+_SPARES = _Spares()
 
 
 async def _push_memfd(
@@ -211,23 +219,24 @@ async def _push_memfd(
     bucket_bytes: int,
     headers: dict[str, str],
 ) -> dict[str, Any]:
-    """Same host: write the push to a sealed memfd (the spare, when there is one) and send only
-    the path the gateway opens it by. Once the gateway answered, a thread closes the memfd (its
-    memory goes with the last reference, even if this process is killed) and makes the next
-    spare, while the caller goes on."""
+    """Same host: write the push to sealed memfds, in parts side by side (the spares, when
+    there are some), and send only the paths the gateway opens them by. Once the gateway
+    answered, a thread closes the memfds (their memory goes with the last reference, even if
+    this process is killed) and makes the next spares, while the caller goes on."""
     import asyncio
     import time
 
     started = time.monotonic()
-    fd = await asyncio.to_thread(write_push_memfd, named, bucket_bytes, _SPARE.take())
+    fds = await asyncio.to_thread(write_push_parts, named, bucket_bytes, _SPARES.take())
     written = time.monotonic() - started
     try:
-        answer = await _put(url, version, token, None, {**headers, FILE_HEADER: memfd_path(fd)})
+        paths = ",".join(memfd_path(fd) for fd in fds)
+        answer = await _put(url, version, token, None, {**headers, FILE_HEADER: paths})
         return {**answer, "write_s": round(written, 6)}
     finally:
-        size = os.fstat(fd).st_size
+        sizes = [os.fstat(fd).st_size for fd in fds]
         threading.Thread(
-            target=_SPARE.refill, args=(fd, size), name="rollfleet-push-spare", daemon=True
+            target=_SPARES.refill, args=(fds, sizes), name="rollfleet-push-spare", daemon=True
         ).start()
 
 

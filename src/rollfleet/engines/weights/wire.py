@@ -260,40 +260,46 @@ class _Received:
 
 
 async def decode(
-    chunks: AsyncIterator[bytes] | memoryview, *, sealed: bool = False
+    chunks: AsyncIterator[bytes] | memoryview | list[memoryview], *, sealed: bool = False
 ) -> list[tuple[str, Any]]:
-    """Every named tensor of a push (an HTTP body's chunks, or a mapped push memfd), as torch
-    tensors over the received bytes, once the end marker arrived and each bucket's checksum
-    matched; InvalidInput otherwise. A mapped memfd's buckets are checked in threads, one a
-    core. ``sealed``: the memoryview maps a sealed push memfd
-    (:func:`~rollfleet.engines.weights.memfd.mapped_push_memfd`), so nobody can change its
-    bytes: the tensors are marked (:func:`is_sealed`) for an engine to serve from as they are,
-    without a copy."""
-    mapped = isinstance(chunks, memoryview)
-    reader = _BufferReader(chunks) if isinstance(chunks, memoryview) else _Reader(chunks)
-    await _check_magic(reader)
+    """Every named tensor of a push (an HTTP body's chunks, or a mapped push memfd, or the
+    mapped memfds of a push in parts: each a whole push stream, their buckets numbered on
+    across them), as torch tensors over the received bytes, once every end marker arrived and
+    each bucket's checksum matched; InvalidInput otherwise. The limits hold for the whole push.
+    Mapped buckets are checked in threads, one a core. ``sealed``: the memoryviews map sealed
+    push memfds (:func:`~rollfleet.engines.weights.memfd.mapped_push_memfd`), so nobody can
+    change their bytes: the tensors are marked (:func:`is_sealed`) for an engine to serve from
+    as they are, without a copy."""
+    mapped = not hasattr(chunks, "__anext__")
+    if isinstance(chunks, memoryview):
+        chunks = [chunks]
+    readers = [_BufferReader(v) for v in chunks] if isinstance(chunks, list) else [_Reader(chunks)]
     received: list[_Received] = []
     total = count = 0
-    while True:
-        (length,) = struct.unpack("<I", await reader.take(4))
-        if length == 0:
-            break
-        index = len(received)
-        if length > MAX_HEADER:
-            raise InvalidInput(f"weights: bucket {index} header: {length} bytes, max {MAX_HEADER}")
-        headers, digest = parse_header(bytes(await reader.take(length)))
-        size = sum(h.nbytes for h in headers)
-        total, count = total + size, count + len(headers)
-        if size > MAX_BUCKET or total > MAX_TOTAL:
-            raise InvalidInput(f"weights: bucket {index} of {size} bytes is over the limits")
-        if count > MAX_TENSORS:
-            raise InvalidInput(f"weights: more than {MAX_TENSORS} tensors")
-        bucket = _Received(index, headers, digest, await reader.take(size))
-        if not mapped:  # checked as it arrives, while the next one is on the wire
-            _verify([bucket])
-        received.append(bucket)
-    if not await reader.at_end():
-        raise InvalidInput("weights: bytes after the end marker")
+    for reader in readers:
+        await _check_magic(reader)
+        while True:
+            (length,) = struct.unpack("<I", await reader.take(4))
+            if length == 0:
+                break
+            index = len(received)
+            if length > MAX_HEADER:
+                raise InvalidInput(
+                    f"weights: bucket {index} header: {length} bytes, max {MAX_HEADER}"
+                )
+            headers, digest = parse_header(bytes(await reader.take(length)))
+            size = sum(h.nbytes for h in headers)
+            total, count = total + size, count + len(headers)
+            if size > MAX_BUCKET or total > MAX_TOTAL:
+                raise InvalidInput(f"weights: bucket {index} of {size} bytes is over the limits")
+            if count > MAX_TENSORS:
+                raise InvalidInput(f"weights: more than {MAX_TENSORS} tensors")
+            bucket = _Received(index, headers, digest, await reader.take(size))
+            if not mapped:  # checked as it arrives, while the next one is on the wire
+                _verify([bucket])
+            received.append(bucket)
+        if not await reader.at_end():
+            raise InvalidInput("weights: bytes after the end marker")
     if mapped:
         await _verify_in_threads(received)
     return _tensors(received, sealed and mapped)
