@@ -65,8 +65,8 @@ def _push_parts(sync: dict[str, Any]) -> str:
         return ""
     parts = (sync[k]["median"] * 1000 for k in ("push_s", "write_s", "receive_s", "update_s"))
     return (
-        ": {:.0f} ms, of it the trainer writing its memfd {:.0f} ms, the gateway mapping and"
-        " checking it {:.0f} ms, the engine's update {:.0f} ms".format(*parts)
+        ": {:.0f} ms, of it the trainer writing its memfds {:.0f} ms, the gateway mapping and"
+        " checking them {:.0f} ms, the engine's update {:.0f} ms".format(*parts)
     )
 
 

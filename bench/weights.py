@@ -5,19 +5,18 @@ fp32 as the CPU engine holds it), built from its config with random weights: wha
 moving and installing tensors, which depends on their sizes only.
 
 1. Sync throughput, in alternating rounds: pushing the state dict to a gateway in another
-   process (``PUT /v1/rollfleet/weights/{v}`` naming a sealed memfd, as ``push_weights`` does on
-   this host: framing, XXH3-64, the memfd, decoding and checking, the engine taking the
-   tensors over the mapping as they are) against a
-   plain in-memory copy of the same tensors into a model of the same shape in this process (the
-   physical limit here), after one untimed push (the engine makes its standby model, the
-   trainer its spare memfd; the in-process figures leave out their first update too), with the
-   push's parts: the trainer writing its memfd (``write_s``), the gateway mapping and checking
-   it (``receive_s``) and the engine's update (``update_s``). Also the
-   time the engine's worker spent on them (the gateway's ``pause_s``: generation stopped)
-   against the whole update (``update_s``), and the same two
-   in this process for a double-buffered engine (the default: tensors copied into a standby
-   model while generation goes on, the worker only swaps the models) and an in-place one
-   (``double_buffer=False``: the worker copies them).
+   process (``PUT /v1/rollfleet/weights/{v}`` naming sealed memfds, one a core, as
+   ``push_weights`` does on this host: framing, XXH3-64, the memfds, decoding and checking, the
+   engine taking the tensors over the mappings as they are) against a plain in-memory copy of
+   the same tensors into a model of the same shape in this process (the physical limit here),
+   after one untimed push (the engine makes its standby model, the trainer its spare memfds;
+   the in-process figures leave out their first update too), with the push's parts: the
+   trainer writing its memfds (``write_s``), the gateway mapping and checking them
+   (``receive_s``) and the engine's update (``update_s``). Also the time the engine's worker
+   spent on them (the gateway's ``pause_s``: generation stopped) against the whole update, and
+   the same two in this process for a double-buffered engine (the default: tensors copied into
+   a standby model while generation goes on, the worker only swaps the models) and an in-place
+   one (``double_buffer=False``: the worker copies them).
 2. Tokens/s kept under a weight swap every ``SWAP_EVERY_S`` with 8 concurrent generations on the
    HF engine, for: no swaps; interruptible swaps (the default: KV recomputed, generation goes
    on); drain-and-swap (the swap waits for the running batch); abort-and-retry (running
@@ -26,7 +25,7 @@ moving and installing tensors, which depends on their sizes only.
    serving them (the old policy generates all that time).
 
 ``python -m bench.weights --only sync`` runs part 1 alone (a minute or two). After each push the
-trainer's process makes the memfd the next one fills (off the push, in a thread, as while a
+trainer's process makes the memfds the next one fills (off the push, in a thread, as while a
 trainer trains), and the engine frees the version before in a thread; each round waits for the
 first and half a second for the second before the in-memory copy.
 """
@@ -279,8 +278,8 @@ def main(only: str | None = None) -> dict[str, Any]:
                 ["push / in-memory copy", f"{sync['push_vs_memcpy']:.2f}x"],
                 ["in-memory copy", _ms(sync["memcpy_s"])],
                 ["whole push", _ms(sync["push_s"])],
-                ["of it, the trainer writing its memfd", _ms(sync["write_s"])],
-                ["of it, the gateway mapping and checking it", _ms(sync["receive_s"])],
+                ["of it, the trainer writing its memfds", _ms(sync["write_s"])],
+                ["of it, the gateway mapping and checking them", _ms(sync["receive_s"])],
                 ["generation stopped while installing (HF, pushed)", _ms(sync["install_s"])],
                 ["whole update on the engine (HF, pushed)", _ms(sync["update_s"])],
                 ["in process, double buffer: generation stopped", _ms(double["pause_s"])],
