@@ -192,3 +192,39 @@ async def test_engine_hf_weight_update_before_start_is_refused_not_left_waiting(
     with pytest.raises(EngineError, match="not started"):
         await asyncio.wait_for(engine.update_weights(model.state_dict().items(), version=1), 10)
     assert engine.version == 0
+
+
+async def test_engine_hf_relabel_mid_generation_keeps_the_caches_and_the_tokens(
+    engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step that changed no weight relabels them: the running request says where the new
+    label began, its cache is not computed again (one prefill in all), and its tokens are those
+    of a run never relabelled."""
+    from rollfleet.engines.hf import batch
+
+    long = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    plain = await engine.generate(GenerationRequest(prompt="tell me", params=long))
+    prefills = []
+    real = batch.DecodeBatch._prefill
+
+    def counted(self, rows):  # type: ignore[no-untyped-def]
+        prefills.append(len(rows))
+        return real(self, rows)
+
+    monkeypatch.setattr(batch.DecodeBatch, "_prefill", counted)
+    task = await streaming(engine, GenerationRequest(prompt="tell me", params=long), after=5)
+    gate = threading.Event()
+    engine.inbox.put(gate.wait)  # the worker stops at the next step boundary, mid-request
+    label = asyncio.create_task(engine.relabel(7))
+
+    async def queued() -> None:
+        while engine.inbox.qsize() < 1:
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(queued(), 30)  # the gate was taken; the relabel waits behind it
+    gate.set()
+    result = await asyncio.wait_for(task, 60)
+    assert await label == 7 and prefills == [1]
+    assert result.completion_token_ids == plain.completion_token_ids
+    (start, v0), (cut, v1) = result.versions
+    assert (start, v0, v1) == (0, 0, 7) and 5 <= cut < 40

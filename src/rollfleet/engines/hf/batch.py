@@ -9,7 +9,7 @@ in an RL step the rollouts of a group arrive a few milliseconds apart, and the f
 run alone while the others queued behind it.
 
 After a weight swap every row's cache is recomputed under the new weights (from its prompt
-and the tokens it has so far). Caches other than transformers' plain per-layer dynamic cache
+and the tokens it has so far); a relabel (a step that changed no weight) keeps them. Caches other than transformers' plain per-layer dynamic cache
 (sliding windows, static caches, older releases' tuples) are recomputed instead of spliced
 when a request joins: slower, same tokens.
 """
@@ -200,9 +200,11 @@ class DecodeBatch:
     def _between_steps(self) -> tuple[bool, list[Row]]:
         """Run the queued calls (weight swaps, when the engine is interruptible) and take in
         the waiting requests that fit, in order. A call that must wait for the batch's end, or
-        a stop, holds back everything behind it. Returns (weights changed, joined rows)."""
+        a stop, holds back everything behind it. Returns (weights changed, joined rows): a
+        relabel (a new version of the same weights) marks where the version changed in each
+        running row but keeps their caches."""
         engine = self.engine
-        before = engine.version
+        before, epoch = engine.version, engine.weights_epoch
         while (item := engine.next_nowait()) is not None:
             engine.held.append(item)
         room = engine.max_concurrency - sum(not row.done for row in self.rows)
@@ -218,12 +220,11 @@ class DecodeBatch:
                 barrier = barrier or not isinstance(item, Pending)
                 kept.append(item)
         engine.held = kept
-        swapped = engine.version != before
-        if swapped:
+        if engine.version != before:
             for row in self.rows:
                 if not row.done:
                     row.spans.append((len(row.out), engine.version))
-        return swapped, self.admit(pendings)
+        return engine.weights_epoch != epoch, self.admit(pendings)
 
     def _prefill(self, rows: list[Row]) -> State:
         """Prefill each row's prompt and tokens so far under the live weights, left-padded."""

@@ -76,6 +76,7 @@ class HFEngine(ThreadedEngine):
         # as they are, in memory that is not the engine's: never written, replaced instead
         self.kept: set[int] = set()
         self.last_pause_s: float | None = None  # the worker's time in the last update
+        self.weights_epoch = 0  # counts the updates that moved weights (a relabel moves none)
         self._updating = asyncio.Lock()  # one update at a time: they share the standby
         # LoRA: the weights an adapter is applied to, of the modules it adapts (kept from the
         # first adapter on, until a push of plain weights replaces them)
@@ -187,6 +188,7 @@ class HFEngine(ThreadedEngine):
         self._check_base(base)
         count = self._copy(self.hf_model, self._checked(tensors, complete))
         new = self._next_version(version)
+        self.weights_epoch += 1
         self.last_pause_s = time.perf_counter() - started
         return count, new
 
@@ -268,6 +270,7 @@ class HFEngine(ThreadedEngine):
         self._check_base(base)
         new = self._next_version(version)
         self.hf_model, self.standby = self.standby, self.hf_model
+        self.weights_epoch += 1
         self.stale = sent  # the old live model, now the standby, lacks just these
         self.last_pause_s = time.perf_counter() - started
         return new
