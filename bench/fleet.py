@@ -13,7 +13,8 @@ so their CPU is only the runners' traffic), and topped up in batches of 5,000. A
 back empty is counted (``empty``).
 
 Figures, over a fixed window (``BENCH_FLEET_SECONDS``, 20 s) after the runners connected and
-warmed up for 5 s: claim latency (request sent → rollout in hand, work waiting; p50 / p99),
+warmed up for 5 s, or as long as serving every runner's first claim takes (``warmup_s``: 25 s
+for 10,000 runners): claim latency (request sent → rollout in hand, work waiting; p50 / p99),
 claims/s and completions/s by the client's clock; server CPU (user+sys s/s of the replicas,
 1.0 = a core), PostgreSQL CPU (the backends serving them, found by client port), machine CPU;
 CPU ms a rollout (server or PostgreSQL CPU / completions: what docs/scale.md sizes a fleet with);
@@ -52,7 +53,8 @@ from rollfleet.web.serving import raise_fd_limit
 
 PG = os.environ.get("ROLLFLEET_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 SECONDS = float(os.environ.get("BENCH_FLEET_SECONDS", "20"))
-WARMUP = 5.0
+WARMUP = 5.0  # seconds, at least; a larger fleet warms up until its first claims were served
+FIRST_CLAIMS_PER_S = 400  # how fast a replica here serves a fleet's first claims (a low bound)
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "2"))
 COUNTS = os.environ.get("BENCH_FLEET_COUNTS", "100,300,1000,3000,10000")
 RUNNERS_PER_CLIENT = 5000
@@ -213,6 +215,14 @@ def launch_clients(runners: int, urls: list[str]) -> list[subprocess.Popen[str]]
     return procs
 
 
+def warmup_s(runners: int) -> float:
+    """Seconds from the fleet's start to its window: :data:`WARMUP`, or longer for a fleet whose
+    every runner's first claim takes longer to serve (10,000 runners: 25 s). A window inside
+    that start-up wave counts claims whose completions fall after it, so its CPU per completed
+    rollout is too high (at 10,000 runners it read 3.7-5.7 ms where 1,000 read 2.0-2.4)."""
+    return max(WARMUP, runners / FIRST_CLAIMS_PER_S)
+
+
 async def measure(runners: int, replicas: int, logdir: Path) -> dict[str, Any]:
     """One point: fresh schema, servers, a full queue, the fleet, then the window's figures."""
     import rollfleet
@@ -227,7 +237,7 @@ async def measure(runners: int, replicas: int, logdir: Path) -> dict[str, Any]:
         await feeder.fill(store)
         clients = launch_clients(runners, urls)
         ramp = max(0.5, min(runners, RUNNERS_PER_CLIENT) / 2000)
-        start = time.time() + ramp + WARMUP
+        start = time.time() + ramp + warmup_s(runners)
         end = start + SECONDS
         for proc in clients:
             assert proc.stdin is not None
@@ -281,6 +291,7 @@ async def measure(runners: int, replicas: int, logdir: Path) -> dict[str, Any]:
             "runners": runners,
             "replicas": replicas,
             "seconds": round(dt, 2),
+            "warmup_s": warmup_s(runners),
             "claims_per_s": len(claim_ms) / dt,
             "completions_per_s": done,
             "claim_p50_ms": quantile(claim_ms, 0.5),
