@@ -126,3 +126,12 @@ async def test_an_informational_head_is_not_held_and_close_sends_what_is_held() 
     transport.write(HEAD)
     transport.close()
     assert sent.writes == [b"HTTP/1.1 100 Continue\r\n\r\n", HEAD, "close"]
+
+
+async def test_a_held_head_is_dropped_when_the_connection_went_meanwhile() -> None:
+    sent = RecordingTransport()
+    transport = HeadWithBody(sent, asyncio.get_running_loop())  # type: ignore[arg-type]
+    transport.write(HEAD)
+    sent.close()  # the client hung up before the end of the turn
+    await asyncio.sleep(0)
+    assert sent.writes == ["close"]

@@ -201,10 +201,12 @@ class HeadWithBody:
         self._transport.write(data)
 
     def flush(self) -> None:
-        """Write a head still held (its body did not follow in the same turn)."""
+        """Write a head still held (its body did not follow in the same turn), unless the
+        connection has gone meanwhile."""
         if self._head is not None:
             head, self._head = self._head, None
-            self._transport.write(head)
+            if not self._transport.is_closing():
+                self._transport.write(head)
 
     def close(self) -> None:
         """Write what is held, then close the connection."""
