@@ -395,13 +395,16 @@ def point_of(raw: list[dict[str, Any]], runners: int, replicas: int) -> dict[str
 
 
 def merged(new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
-    """``new``'s points and raw rounds over ``old``'s: same points replaced (kept in ``before``)."""
+    """``new``'s points and raw rounds over ``old``'s: same points replaced (kept in ``before``);
+    what other commands keep in the file (``connection_memory``, bench/fleet_ab.py's runs) stays."""
     mine = {(p["runners"], p["replicas"]) for p in new["points"]}
     key = lambda p: (p["runners"], p["replicas"])  # noqa: E731
     replaced = [p for p in old.get("points", []) if key(p) in mine]
     run = {k: old.get(k) for k in ("command", "wall_s", "machine", "seconds_per_point", "rounds")}
     before = [*old.get("before", []), {"run": run, "points": replaced}] if replaced else []
+    kept = {k: v for k, v in old.items() if k not in ("benchmark", "command", "machine")}
     return {
+        **kept,  # write_results names this run's command and machine
         **new,
         "points": sorted(
             [*(p for p in old.get("points", []) if key(p) not in mine), *new["points"]], key=key

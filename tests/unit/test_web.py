@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import orjson
 import pytest
 from starlette.requests import Request
@@ -15,7 +17,7 @@ from rollfleet.errors import (
     Unauthorized,
 )
 from rollfleet.web.errors import error_from_answer, error_named, error_response
-from rollfleet.web.serving import bearer_check, check_bind, token_matches
+from rollfleet.web.serving import HeadWithBody, bearer_check, check_bind, token_matches
 
 
 def request_with(authorization: str | None) -> Request:
@@ -75,3 +77,61 @@ def test_an_answer_that_is_not_our_shape_becomes_the_default_with_its_status() -
 def test_error_named_falls_back_to_the_default() -> None:
     assert type(error_named("Conflict", "x")) is Conflict
     assert type(error_named(None, "x", PoolError)) is PoolError
+
+
+class RecordingTransport:
+    """What a connection was asked to do, in order: each ``write``'s bytes, ``"close"``."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes | str] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def close(self) -> None:
+        self.writes.append("close")
+
+    def is_closing(self) -> bool:
+        return "close" in self.writes
+
+
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n"
+
+
+async def test_a_response_head_goes_out_with_its_body_in_one_write() -> None:
+    sent = RecordingTransport()
+    transport = HeadWithBody(sent, asyncio.get_running_loop())  # type: ignore[arg-type]
+    transport.write(HEAD)
+    assert sent.writes == []
+    transport.write(b"{}")
+    transport.write(b"more")  # after the head, straight through
+    assert sent.writes == [HEAD + b"{}", b"more"]
+    assert not transport.is_closing()  # anything else is the connection's own
+
+
+async def test_a_head_whose_body_does_not_follow_goes_out_at_the_end_of_the_turn() -> None:
+    sent = RecordingTransport()
+    transport = HeadWithBody(sent, asyncio.get_running_loop())  # type: ignore[arg-type]
+    transport.write(HEAD)
+    await asyncio.sleep(0)  # one turn of the loop: a streamed body's first chunk comes later
+    assert sent.writes == [HEAD]
+    transport.write(b"{}")
+    assert sent.writes == [HEAD, b"{}"]
+
+
+async def test_an_informational_head_is_not_held_and_close_sends_what_is_held() -> None:
+    sent = RecordingTransport()
+    transport = HeadWithBody(sent, asyncio.get_running_loop())  # type: ignore[arg-type]
+    transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    transport.write(HEAD)
+    transport.close()
+    assert sent.writes == [b"HTTP/1.1 100 Continue\r\n\r\n", HEAD, "close"]
+
+
+async def test_a_held_head_is_dropped_when_the_connection_went_meanwhile() -> None:
+    sent = RecordingTransport()
+    transport = HeadWithBody(sent, asyncio.get_running_loop())  # type: ignore[arg-type]
+    transport.write(HEAD)
+    sent.close()  # the client hung up before the end of the turn
+    await asyncio.sleep(0)
+    assert sent.writes == ["close"]

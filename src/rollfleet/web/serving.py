@@ -1,9 +1,10 @@
 """Serving helpers for every uvicorn server rollfleet starts (control plane, gateway, pools).
 
 One bearer-token check (constant-time), one bind rule (no open non-loopback port), one free-port
-finder and one HTTP protocol with Nagle's algorithm off and a bounded request head, configured
-from a :class:`~rollfleet.web.guard.GuardConfig` by :func:`uvicorn_options`; and the connection
-limit a server can hold: :func:`raise_fd_limit` and :func:`connection_limit`.
+finder and one HTTP protocol with Nagle's algorithm off, a bounded request head and each answer's
+head and body in one write (:class:`HeadWithBody`), configured from a
+:class:`~rollfleet.web.guard.GuardConfig` by :func:`uvicorn_options`; and the connection limit a
+server can hold: :func:`raise_fd_limit` and :func:`connection_limit`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import resource
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 import orjson
@@ -83,7 +84,8 @@ def nodelay_http_protocol(
 
     uvicorn writes a response's head and body separately; with Nagle on (uvloop, or a
     listening socket made without IPPROTO_TCP) the body waits for the client's delayed ACK,
-    which adds ~40 ms to every call. Measured in bench/engines.py.
+    which adds ~40 ms to every call. Measured in bench/engines.py. Each answer's head also waits
+    for its body (:class:`HeadWithBody`): one ``send`` instead of two.
 
     uvicorn bounds neither the time nor the size of a request head: 2,000 half-sent requests
     held their connections until the clients gave up, and one endless header line grew without
@@ -128,6 +130,9 @@ def nodelay_http_protocol(
             self._in_head = False
             self._disarm_head_timer()
             super().on_headers_complete()
+            cycle = self.cycle  # this request's answer: its head and body in one send
+            if cycle is not None and cycle.transport is self.transport:
+                cycle.transport = cast(asyncio.Transport, HeadWithBody(self.transport, self.loop))
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm_head_timer()
@@ -165,6 +170,51 @@ def nodelay_http_protocol(
             self.transport.close()
 
     return GuardedHTTP
+
+
+class HeadWithBody:
+    """One response's view of its connection: the response head waits for the body's first
+    write, and both go out in one ``send``.
+
+    uvicorn writes a head and its body separately: two system calls and, with Nagle's algorithm
+    off, two TCP segments for every answer. A head is never held past the loop turn it was
+    written in (a streamed body's first chunk may come later), nor past a ``close``; an
+    informational head (``100 Continue``) goes out at once.
+    """
+
+    __slots__ = ("_transport", "_loop", "_head", "_sent")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._head: bytes | None = None
+        self._sent = False  # the head has been written: everything else goes straight out
+
+    def write(self, data: bytes) -> None:
+        """Hold the response head; write it with the next bytes, or write straight through."""
+        if self._head is not None:
+            data, self._head = self._head + data, None
+        elif not self._sent and not data.startswith(b"HTTP/1.1 1"):
+            self._head, self._sent = data, True
+            self._loop.call_soon(self.flush)
+            return
+        self._transport.write(data)
+
+    def flush(self) -> None:
+        """Write a head still held (its body did not follow in the same turn), unless the
+        connection has gone meanwhile."""
+        if self._head is not None:
+            head, self._head = self._head, None
+            if not self._transport.is_closing():
+                self._transport.write(head)
+
+    def close(self) -> None:
+        """Write what is held, then close the connection."""
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 def raise_fd_limit() -> tuple[int, int]:
