@@ -34,7 +34,9 @@ from rollfleet.web.serving import raise_fd_limit
 
 CLAIM_WAIT_S = 2.0
 AGENT_S = (0.5, 2.0)
-HANDOVER = os.environ.get("FLEET_HANDOVER") == "1"  # complete-and-claim in one request
+# complete-and-claim in one request, as Runner sends it (FLEET_HANDOVER=0: a claim and a
+# completion apart, as runners did before it)
+HANDOVER = os.environ.get("FLEET_HANDOVER", "1") == "1"
 
 
 class Tally:

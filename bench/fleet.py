@@ -1,8 +1,10 @@
 """A simulated fleet of 100 to 10,000 runners against 1 and 2 ``rollfleet serve`` replicas.
 
 The runners are ``bench/_fleet_client.py`` processes (5,000 runners each): every runner holds its
-own connection, long-polls claims, sleeps 0.5–2 s as its agent and completes, backing off after a
-failed claim as ``Runner`` does. On the 2-replica side each runner is given both URLs, half of
+own connection, long-polls claims, sleeps 0.5–2 s as its agent and completes, claiming its next
+rollout in the same request and backing off after a failed claim as ``Runner`` does
+(``FLEET_HANDOVER=0``: a claim and a completion apart, as runners sent them before; claims/s
+counts the claims sent apart). On the 2-replica side each runner is given both URLs, half of
 them starting at the other replica (as ``tests/acceptance/test_replicas.py`` spreads runners).
 Servers run with their default connection limit (``--max-connections``, from the open-file
 limit, which the bench raises to the hard limit) on one fresh PostgreSQL schema per point.
@@ -48,7 +50,7 @@ from urllib.parse import quote
 import psutil
 
 from bench._common import PY, RESULTS, ROOT, free_port, stop, table, wait_healthy, write_results
-from bench._fleet_client import AGENT_S, CLAIM_WAIT_S
+from bench._fleet_client import AGENT_S, CLAIM_WAIT_S, HANDOVER
 from rollfleet.web.serving import raise_fd_limit
 
 PG = os.environ.get("ROLLFLEET_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
@@ -455,6 +457,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "rounds": ROUNDS,
         "agent_s": list(AGENT_S),
         "claim_wait_s": CLAIM_WAIT_S,
+        "complete_and_claim": HANDOVER,  # runners claim their next rollout with each completion
         "fd_limit": fd_limit,
         "counts": counts,
         "wall_s": round(time.time() - began, 1),
