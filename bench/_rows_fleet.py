@@ -309,13 +309,17 @@ def fleet_rows(d: dict[str, Any]) -> list[str]:
     by = {(p["runners"], p["replicas"]): p for p in d["points"]}
 
     def cell(p: dict[str, Any]) -> str:
+        # runners that claim with each completion send no claim apart once they run
+        call = "claim" if p.get("claim_p50_ms") else "complete"
         med = {
-            k: p[k]["median"] for k in ("claim_p50_ms", "claim_p99_ms", "server_cpu", "error_count")
+            k: p[k]["median"]
+            for k in (f"{call}_p50_ms", f"{call}_p99_ms", "server_cpu", "error_count")
         }
         c = p["completions_per_s"]
+        what = "claim" if call == "claim" else "complete-and-claim"
         return (
-            f"{c['median']:,.0f} [{c['min']:,.0f}–{c['max']:,.0f}]/s, claim p50 / p99 {med['claim_p50_ms']:,.1f} "
-            f"/ {med['claim_p99_ms']:,.0f} ms, server {med['server_cpu']:.2f} cores, {med['error_count']:,.0f} errors"
+            f"{c['median']:,.0f} [{c['min']:,.0f}–{c['max']:,.0f}]/s, {what} p50 / p99 {med[f'{call}_p50_ms']:,.1f} "
+            f"/ {med[f'{call}_p99_ms']:,.0f} ms, server {med['server_cpu']:.2f} cores, {med['error_count']:,.0f} errors"
         )
 
     rows = []
@@ -328,6 +332,8 @@ def fleet_rows(d: dict[str, Any]) -> list[str]:
             one.get("max_connections") or 2048
         )  # points measured before --max-connections had 2,048
         retry = "backing off after" if one.get("max_connections") else "retrying 0.5 s after"
+        if one.get("complete_and_claim"):
+            retry = f"each completion claiming the next rollout, {retry}"
         rows.append(
             f"| fleet | completions/s of {runners:,} simulated runners (agent 0.5–2 s, one long-poll "
             f"connection each, {retry} a failed claim) on PostgreSQL, servers' connection "

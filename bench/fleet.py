@@ -389,6 +389,8 @@ def point_of(raw: list[dict[str, Any]], runners: int, replicas: int) -> dict[str
         "runners": runners,
         "replicas": replicas,
         "rounds": len(mine),
+        "complete_and_claim": HANDOVER,
+        "warmup_s": warmup_s(runners),
         **summarise(mine),
         "max_connections": limits.pop() if len(limits) == 1 else sorted(limits, key=str),
         "over_limit_503_logged": sum(p["over_limit_503_logged"] for p in mine),
