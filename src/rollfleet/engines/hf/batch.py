@@ -9,9 +9,9 @@ in an RL step the rollouts of a group arrive a few milliseconds apart, and the f
 run alone while the others queued behind it.
 
 After a weight swap every row's cache is recomputed under the new weights (from its prompt
-and the tokens it has so far); a relabel (a step that changed no weight) keeps them. Caches other than transformers' plain per-layer dynamic cache
-(sliding windows, static caches, older releases' tuples) are recomputed instead of spliced
-when a request joins: slower, same tokens.
+and the tokens it has so far); a relabel (a step that changed no weight) keeps them. Caches
+other than transformers' plain per-layer dynamic cache (sliding windows, static caches, older
+releases' tuples) are recomputed instead of spliced when a request joins: slower, same tokens.
 """
 
 from __future__ import annotations
