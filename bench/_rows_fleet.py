@@ -310,7 +310,7 @@ def fleet_rows(d: dict[str, Any]) -> list[str]:
 
     def cell(p: dict[str, Any]) -> str:
         # runners that claim with each completion send no claim apart once they run
-        call = "claim" if p.get("claim_p50_ms") else "complete"
+        call = "complete" if p.get("complete_and_claim") else "claim"
         med = {
             k: p[k]["median"]
             for k in (f"{call}_p50_ms", f"{call}_p99_ms", "server_cpu", "error_count")

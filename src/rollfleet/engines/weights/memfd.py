@@ -122,7 +122,7 @@ MAX_PARTS = 64  # memfds one push may name
 
 def _part_count(buckets: list[EncodedBucket]) -> int:
     """One part a core this process may run on, each of at least :data:`MIN_PART` bytes."""
-    size = sum(view.nbytes for bucket in buckets for view in bucket.views)
+    size = sum(bucket.nbytes for bucket in buckets)
     cores = len(os.sched_getaffinity(0))
     return max(1, min(cores, MAX_PARTS, len(buckets), size // MIN_PART))
 
@@ -130,11 +130,11 @@ def _part_count(buckets: list[EncodedBucket]) -> int:
 def _runs(buckets: list[EncodedBucket], parts: int) -> list[list[EncodedBucket]]:
     """The buckets in ``parts`` consecutive runs (fewer if there are fewer buckets; none empty)
     of about equal bytes: a run ends where the next bucket's middle passes its share."""
-    sizes = [sum(view.nbytes for view in bucket.views) for bucket in buckets]
-    share = sum(sizes) / max(1, parts)
+    share = sum(bucket.nbytes for bucket in buckets) / max(1, parts)
     runs: list[list[EncodedBucket]] = [[]]
     done = 0
-    for i, (bucket, size) in enumerate(zip(buckets, sizes, strict=True)):
+    for i, bucket in enumerate(buckets):
+        size = bucket.nbytes
         wanted = parts - len(runs)  # runs still to start
         late = len(buckets) - i <= wanted  # one bucket each for them from here on
         if runs[-1] and wanted > 0 and (late or done + size / 2 > share * len(runs)):

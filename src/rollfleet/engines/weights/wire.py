@@ -133,6 +133,11 @@ class EncodedBucket:
     entries: list[list[Any]]
     views: list[memoryview]
 
+    @property
+    def nbytes(self) -> int:
+        """The payload's size."""
+        return sum(view.nbytes for view in self.views)
+
     def header(self, digest: int) -> bytes:
         """The header JSON, with the payload's digest."""
         return json.dumps({"tensors": self.entries, CHECKSUM: digest}).encode()
@@ -270,10 +275,12 @@ async def decode(
     push memfds (:func:`~rollfleet.engines.weights.memfd.mapped_push_memfd`), so nobody can
     change their bytes: the tensors are marked (:func:`is_sealed`) for an engine to serve from
     as they are, without a copy."""
-    mapped = not hasattr(chunks, "__anext__")
     if isinstance(chunks, memoryview):
         chunks = [chunks]
-    readers = [_BufferReader(v) for v in chunks] if isinstance(chunks, list) else [_Reader(chunks)]
+    mapped = isinstance(chunks, list)
+    readers: list[_Reader | _BufferReader] = (
+        [_BufferReader(v) for v in chunks] if isinstance(chunks, list) else [_Reader(chunks)]
+    )
     received: list[_Received] = []
     total = count = 0
     for reader in readers:
