@@ -88,6 +88,10 @@ TERMINAL_ROLLOUT = frozenset(
 )
 ACTIVE_ROLLOUT = frozenset({RolloutStatus.PREPARING, RolloutStatus.RUNNING})
 ACTIVE_ATTEMPT = frozenset({AttemptStatus.PREPARING, AttemptStatus.RUNNING})
+# A status as stored (its value) back to its member: a dict lookup, where calling the Enum costs
+# ~1.2 µs, four times in every completion the store decides
+ROLLOUT_STATUS: dict[str, RolloutStatus] = {s.value: s for s in RolloutStatus}
+ATTEMPT_STATUS: dict[str, AttemptStatus] = {s.value: s for s in AttemptStatus}
 
 # The one transition table. Everything else is illegal and raises Conflict (HTTP 409).
 ROLLOUT_TRANSITIONS: dict[RolloutStatus, frozenset[RolloutStatus]] = {

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from rollfleet.errors import Conflict, NotFound
 from rollfleet.model import (
     ACTIVE_ATTEMPT,
+    ATTEMPT_STATUS,
     OUTCOME,
+    ROLLOUT_STATUS,
     SUSPECT_RUNNERS,
     AttemptStatus,
     Charge,
@@ -44,7 +46,7 @@ def check_live(row: Row | None, attempt_id: str) -> Row:
     if row is None:
         raise NotFound(f"attempt {attempt_id} not found")
     if (
-        AttemptStatus(row["status"]) not in ACTIVE_ATTEMPT
+        ATTEMPT_STATUS[row["status"]] not in ACTIVE_ATTEMPT
         or row["current_attempt_id"] != attempt_id
     ):
         raise Conflict(
@@ -96,14 +98,14 @@ def decide_end(
     A LOST charge spends ``max_lost``, an OWN one ``max_attempts``; ``streak`` names the runners
     this rollout was lost with in a row (for LOST charges).
     """
-    check_attempt_transition(row["attempt_id"], AttemptStatus(row["status"]), outcome)
+    check_attempt_transition(row["attempt_id"], ATTEMPT_STATUS[row["status"]], outcome)
     if charge is Charge.LOST:
         used, budget = row["attempts_lost"] + 1, row["max_lost"]
     else:
         used, budget = row["attempts_charged"] + (charge is Charge.OWN), row["max_attempts"]
     decision = retry_decision(outcome, used, budget)
     new = RolloutStatus.QUEUING if decision is RetryDecision.REQUEUE else OUTCOME[outcome]
-    check_rollout_transition(row["rollout_id"], RolloutStatus(row["rollout_status"]), new)
+    check_rollout_transition(row["rollout_id"], ROLLOUT_STATUS[row["rollout_status"]], new)
     suspect = len(set(streak)) >= SUSPECT_RUNNERS
     delay = 0.0
     if new is RolloutStatus.QUEUING and charge is not Charge.NONE:

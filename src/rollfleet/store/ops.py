@@ -13,6 +13,8 @@ from typing import Any
 from rollfleet.errors import Conflict, InvalidInput, RollfleetError
 from rollfleet.model import (
     ACTIVE_ATTEMPT,
+    ATTEMPT_STATUS,
+    ROLLOUT_STATUS,
     AttemptStatus,
     Charge,
     Completion,
@@ -207,12 +209,12 @@ def heartbeat(
         tx.run("touch_worker", worker_id=worker_id, status=None, now=now, succeeded=0, failed=0)
     replies = []
     for row in tx.all("heartbeat_replies", ids=ids):
-        status = AttemptStatus(row["status"])
+        status = ATTEMPT_STATUS[row["status"]]
         replies.append(
             HeartbeatReply(
                 attempt_id=row["attempt_id"],
                 status=status,
-                rollout_status=RolloutStatus(row["rollout_status"]),
+                rollout_status=ROLLOUT_STATUS[row["rollout_status"]],
                 lease_expires_at=row["lease_expires_at"],
                 keep_going=status in ACTIVE_ATTEMPT,
             )
@@ -282,9 +284,9 @@ def _decide_completion(
             f"complete: status must be one of {sorted(s.value for s in COMPLETE_STATUSES)}"
         )
     if (
-        row is not None and AttemptStatus(row["status"]) == item.status
+        row is not None and ATTEMPT_STATUS[row["status"]] == item.status
     ):  # a retry of a completion already applied
-        return row["rollout_id"], RolloutStatus(row["rollout_status"])
+        return row["rollout_id"], ROLLOUT_STATUS[row["rollout_status"]]
     end = decide_end(
         check_live(row, item.attempt_id), item.status, result=item.result, error=item.error
     )

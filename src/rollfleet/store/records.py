@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from rollfleet.errors import NotFound
-from rollfleet.model import Attempt, AttemptStatus, Rollout
+from rollfleet.model import ATTEMPT_STATUS, Attempt, Rollout
 from rollfleet.store.tx import Row, Tx
 
 
@@ -83,7 +83,7 @@ def attempt_from_row(row: Row) -> Attempt:
         rollout_id=row["rollout_id"],
         sequence=row["sequence"],
         worker_id=row["worker_id"],
-        status=AttemptStatus(row["status"]),
+        status=ATTEMPT_STATUS[row["status"]],
         started_at=row["started_at"],
         lease_expires_at=row["lease_expires_at"],
         last_heartbeat_at=row["last_heartbeat_at"],

@@ -35,7 +35,9 @@ CREATE TABLE IF NOT EXISTS rollouts (
 CREATE INDEX IF NOT EXISTS rollouts_queue ON rollouts (priority DESC, seq) WHERE status = 'queuing';
 CREATE INDEX IF NOT EXISTS rollouts_status ON rollouts (status, seq);
 CREATE INDEX IF NOT EXISTS rollouts_batch ON rollouts (batch_id, seq);
-CREATE INDEX IF NOT EXISTS rollouts_updated ON rollouts (updated_at);
+-- No SQLite plan reads an index on updated_at (updated_after is a filter on a seq range), and
+-- every claim and completion moved two entries of one: a database made before loses it.
+DROP INDEX IF EXISTS rollouts_updated;
 CREATE TABLE IF NOT EXISTS attempts (
     attempt_id TEXT PRIMARY KEY,
     rollout_id TEXT NOT NULL REFERENCES rollouts (rollout_id),
