@@ -30,8 +30,6 @@ def test_every_sqlite_index_is_read_by_some_named_query(tmp_path: Path) -> None:
     conn = _connect(str(tmp_path / "plans.db"))  # the store's own connection: rows as dicts
     tx = SqliteTx(conn)
     migrate(tx)
-    conn.execute("CREATE INDEX rollouts_updated ON rollouts (updated_at)")  # as made before
-    migrate(tx)  # opening that database again drops it
     tx.run("pool_leases_table")  # made on first use
     tx.run("pool_leases_index")
     indexes = {
@@ -51,3 +49,12 @@ def test_every_sqlite_index_is_read_by_some_named_query(tmp_path: Path) -> None:
             read.update(index for index in indexes if f"INDEX {index}" in row["detail"])
     assert indexes - UNREAD <= read, f"indexes no query reads: {sorted(indexes - UNREAD - read)}"
     assert UNREAD <= indexes - read  # read now: take it off the list
+
+
+def test_a_database_made_before_loses_the_unread_updated_index(tmp_path: Path) -> None:
+    conn = _connect(str(tmp_path / "old.db"))
+    migrate(SqliteTx(conn))
+    conn.execute("CREATE INDEX rollouts_updated ON rollouts (updated_at)")  # as made before
+    migrate(SqliteTx(conn))  # what opening the store does
+    names = {row["name"] for row in conn.execute("SELECT name FROM sqlite_master")}
+    assert "rollouts_updated" not in names and "rollouts_status" in names
