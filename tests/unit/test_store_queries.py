@@ -10,9 +10,12 @@ from rollfleet.store.ops import migrate
 from rollfleet.store.postgres import _queries
 from rollfleet.store.sqlite import SqliteTx, _connect
 
+# PostgreSQL writes several tables in one statement (Tx.fused_writes); SQLite runs the parts apart
+POSTGRES_ONLY = {"claim_open", "finish_one"}
+
 
 def test_dialects_define_the_same_queries() -> None:
-    assert set(queries.load("sqlite")) == set(queries.load("postgresql"))
+    assert set(queries.load("sqlite")) == set(queries.load("postgresql")) - POSTGRES_ONLY
 
 
 def test_postgres_parameters_are_rewritten_but_casts_kept() -> None:

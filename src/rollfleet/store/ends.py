@@ -126,42 +126,47 @@ def write_ends(tx: Tx, ends: Sequence[End], now: float, counted_by: str | None =
     what = (
         f"attempt {ends[0].row['attempt_id']}" if len(ends) == 1 else f"one of {len(ends)} attempts"
     )
-    changed = tx.many(
-        "finish_attempt",
-        [
-            {
-                "attempt_id": e.row["attempt_id"],
-                "status": e.outcome.value,
-                "now": now,
-                "error": e.error,
-                "charged": e.charge.value,
-            }
-            for e in ends
-        ],
-    )
-    if changed != len(ends):
+    attempts = [
+        {
+            "attempt_id": e.row["attempt_id"],
+            "status": e.outcome.value,
+            "now": now,
+            "error": e.error,
+            "charged": e.charge.value,
+        }
+        for e in ends
+    ]
+    rollouts = [
+        {
+            "rollout_id": e.row["rollout_id"],
+            "attempt_id": e.row["attempt_id"],
+            "status": e.new.value,
+            "now": now,
+            "result": None if e.result is None else e.result.model_dump_json(),
+            "reward": None if e.result is None else e.result.reward,
+            "error": e.error,
+            "charged_own": int(e.charge is Charge.OWN),
+            "charged_lost": int(e.charge is Charge.LOST),
+            "available_at": now + e.delay_s,
+            "suspect": int(e.suspect),
+            "finished_at": None if e.new is RolloutStatus.QUEUING else now,
+        }
+        for e in ends
+    ]
+    if tx.fused_writes and len(ends) == 1:  # both rows in one statement
+        (row,) = tx.all(
+            "finish_one",
+            **rollouts[0],
+            attempt_status=attempts[0]["status"],
+            charged=attempts[0]["charged"],
+        )
+        ended, moved = row["attempts"], row["rollouts"]
+    else:
+        ended = tx.many("finish_attempt", attempts)
+        moved = tx.many("finish_rollout", rollouts) if ended == len(ends) else 0
+    if ended != len(ends):
         raise Conflict(f"{what} was ended by someone else")
-    changed = tx.many(
-        "finish_rollout",
-        [
-            {
-                "rollout_id": e.row["rollout_id"],
-                "attempt_id": e.row["attempt_id"],
-                "status": e.new.value,
-                "now": now,
-                "result": None if e.result is None else e.result.model_dump_json(),
-                "reward": None if e.result is None else e.result.reward,
-                "error": e.error,
-                "charged_own": int(e.charge is Charge.OWN),
-                "charged_lost": int(e.charge is Charge.LOST),
-                "available_at": now + e.delay_s,
-                "suspect": int(e.suspect),
-                "finished_at": None if e.new is RolloutStatus.QUEUING else now,
-            }
-            for e in ends
-        ],
-    )
-    if changed != len(ends):
+    if moved != len(ends):
         raise Conflict(f"the rollout of {what} changed under it")
     counts: dict[str, list[int]] = {}
     for e in ends:

@@ -102,37 +102,24 @@ def enqueue_many(tx: Tx, specs: Sequence[RolloutSpec], now: float) -> list[Rollo
     return get_rollouts(tx, ids)
 
 
-def _open_attempts(
-    tx: Tx, claimed: list[Row], worker_id: str | None, now: float, counted: Counts = (0, 0)
-) -> list[dict[str, Any]]:
-    """Insert a PREPARING attempt for each just-leased rollout row; return the leased rollouts as
-    documents. ``counted``: outcomes of the worker's attempts to add to its row in the same
-    update as its heartbeat.
+def _attempt_of(row: Row, worker_id: str | None, now: float) -> dict[str, Any]:
+    """The PREPARING attempt a just-leased rollout row opens (the claiming UPDATE chose its id)."""
+    return {
+        "attempt_id": row["current_attempt_id"],
+        "rollout_id": row["rollout_id"],
+        "sequence": row["num_attempts"],
+        "worker_id": worker_id,
+        "now": now,
+        "lease_expires_at": now + row["heartbeat_s"],
+        "deadline_at": None if row["timeout_s"] is None else now + row["timeout_s"],
+    }
 
-    The rows come from the claiming UPDATE's RETURNING, so the answer is built without reading back.
-    """
-    attempts = [
-        {
-            "attempt_id": row["current_attempt_id"],
-            "rollout_id": row["rollout_id"],
-            "sequence": row["num_attempts"],
-            "worker_id": worker_id,
-            "now": now,
-            "lease_expires_at": now + row["heartbeat_s"],
-            "deadline_at": None if row["timeout_s"] is None else now + row["timeout_s"],
-        }
-        for row in claimed
-    ]
-    tx.many("insert_attempt", attempts)
-    if worker_id is not None:  # the worker's heartbeat, and BUSY once it holds work
-        tx.run(
-            "touch_worker",
-            worker_id=worker_id,
-            status=WorkerStatus.BUSY.value if claimed else None,
-            now=now,
-            succeeded=counted[0],
-            failed=counted[1],
-        )
+
+def _leased_docs(
+    claimed: list[Row], attempts: list[dict[str, Any]], worker_id: str | None, now: float
+) -> list[dict[str, Any]]:
+    """The leased rollouts as documents, each with its new attempt: built from the claiming
+    UPDATE's RETURNING, never read back."""
     return [
         rollout_doc(
             row,
@@ -153,6 +140,26 @@ def _open_attempts(
     ]
 
 
+def _open_attempts(
+    tx: Tx, claimed: list[Row], worker_id: str | None, now: float, counted: Counts = (0, 0)
+) -> list[dict[str, Any]]:
+    """Insert a PREPARING attempt for each just-leased rollout row; return the leased rollouts as
+    documents. ``counted``: outcomes of the worker's attempts to add to its row in the same
+    update as its heartbeat."""
+    attempts = [_attempt_of(row, worker_id, now) for row in claimed]
+    tx.many("insert_attempt", attempts)
+    if worker_id is not None:  # the worker's heartbeat, and BUSY once it holds work
+        tx.run(
+            "touch_worker",
+            worker_id=worker_id,
+            status=WorkerStatus.BUSY.value if claimed else None,
+            now=now,
+            succeeded=counted[0],
+            failed=counted[1],
+        )
+    return _leased_docs(claimed, attempts, worker_id, now)
+
+
 def claim(
     tx: Tx,
     worker_id: str,
@@ -167,6 +174,18 @@ def claim(
     ``counted``: the worker's outcomes not yet added to its row (see ``write_ends``)."""
     if reap_first:
         reap(tx, now)
+    if tx.fused_writes:  # lease, attempts and the worker's row in one statement
+        rows = tx.all(
+            "claim_open",
+            max_n=max_n,
+            now=now,
+            worker_id=worker_id,
+            succeeded=counted[0],
+            failed=counted[1],
+        )
+        claimed = sorted(rows, key=lambda r: (-r["priority"], r["seq"]))
+        attempts = [_attempt_of(row, worker_id, now) for row in claimed]
+        return _leased_docs(claimed, attempts, worker_id, now)
     claimed = sorted(
         tx.all("claim_rollouts", max_n=max_n, now=now), key=lambda r: (-r["priority"], r["seq"])
     )

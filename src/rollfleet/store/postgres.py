@@ -108,6 +108,8 @@ def _finite(value: Any) -> Any:
 class PostgresTx:
     """Runs named PostgreSQL queries on one connection."""
 
+    fused_writes = True
+
     def __init__(self, conn: Any) -> None:
         self._conn = conn
         self._q = _queries()

@@ -49,6 +49,8 @@ _STOP = object()
 class SqliteTx:
     """Runs named SQLite queries on one connection."""
 
+    fused_writes = False  # no data-modifying CTEs; in-process statements cost no round trip
+
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
         self._q = queries.load("sqlite")

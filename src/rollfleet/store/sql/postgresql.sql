@@ -161,6 +161,36 @@ FROM (SELECT seq FROM rollouts WHERE status = 'queuing' AND available_at <= :now
 WHERE r.seq = q.seq
 RETURNING r.*;
 
+-- name: claim_open
+-- claim_rollouts, insert_attempt and touch_worker in one statement (data-modifying CTEs): each
+-- statement saved is ~0.1 ms of the server's CPU a claim. PostgreSQL only (Tx.fused_writes);
+-- SQLite runs the three in-process. The attempts go in in claim order (their pos); the worker is
+-- BUSY once it holds work, and its outcomes counted so far (:succeeded, :failed) are added.
+WITH c AS (
+    UPDATE rollouts r
+    SET status = 'preparing', num_attempts = r.num_attempts + 1, updated_at = :now,
+        current_attempt_id = 'at-' || lpad(to_hex(floor(:now * 1000)::bigint), 12, '0')
+                             || substr(md5(random()::text || clock_timestamp()::text), 1, 16)
+    FROM (SELECT seq FROM rollouts WHERE status = 'queuing' AND available_at <= :now
+          ORDER BY priority DESC, seq
+          LIMIT :max_n FOR UPDATE SKIP LOCKED) q
+    WHERE r.seq = q.seq
+    RETURNING r.*
+), opened AS (
+    INSERT INTO attempts (attempt_id, rollout_id, sequence, worker_id, status, started_at,
+                          lease_expires_at, deadline_at)
+    SELECT c.current_attempt_id, c.rollout_id, c.num_attempts, :worker_id::text, 'preparing', :now,
+           :now + c.heartbeat_s, :now + c.timeout_s
+    FROM c ORDER BY c.priority DESC, c.seq
+), touched AS (
+    UPDATE workers SET last_heartbeat_at = :now,
+        rollouts_succeeded = rollouts_succeeded + :succeeded, rollouts_failed = rollouts_failed + :failed,
+        status = CASE WHEN EXISTS (SELECT 1 FROM c) THEN 'busy'
+                      WHEN status = 'offline' THEN 'idle' ELSE status END
+    WHERE worker_id = :worker_id::text
+)
+SELECT * FROM c;
+
 -- name: start_rollout
 UPDATE rollouts
 SET status = 'preparing', num_attempts = num_attempts + 1, updated_at = :now, current_attempt_id = :attempt_id
@@ -219,6 +249,26 @@ WHERE rollout_id = :rollout_id AND status IN ('queuing', 'preparing', 'running')
 -- Every process's LISTEN hears of it from this statement, not from one of its own after it (a
 -- round trip per completion); PostgreSQL sends a transaction's repeated notifications once.
 RETURNING pg_notify(CASE WHEN :status = 'queuing' THEN 'rollfleet_queued' ELSE 'rollfleet_finished' END, '');
+
+-- name: finish_one
+-- finish_attempt and finish_rollout for one end (a runner's own completion), in one statement:
+-- PostgreSQL only (Tx.fused_writes). The counts say whether each row still stood to be ended.
+WITH a AS (
+    UPDATE attempts SET status = :attempt_status, finished_at = :now, error = :error, charged = :charged
+    WHERE attempt_id = :attempt_id AND status IN ('preparing', 'running')
+    RETURNING 1
+), r AS (
+    UPDATE rollouts
+    SET status = :status, result = COALESCE(:result::text, result), reward = COALESCE(:reward::float8, reward),
+        error = :error, attempts_charged = attempts_charged + :charged_own,
+        attempts_lost = attempts_lost + :charged_lost, available_at = :available_at,
+        suspect = GREATEST(suspect, :suspect), updated_at = :now,
+        finished_at = :finished_at::float8
+    WHERE rollout_id = :rollout_id AND status IN ('queuing', 'preparing', 'running')
+      AND (:attempt_id::text IS NULL OR current_attempt_id = :attempt_id::text)
+    RETURNING pg_notify(CASE WHEN :status = 'queuing' THEN 'rollfleet_queued' ELSE 'rollfleet_finished' END, '')
+)
+SELECT (SELECT count(*) FROM a) AS attempts, (SELECT count(*) FROM r) AS rollouts;
 
 -- name: rollout_columns
 SELECT column_name AS name FROM information_schema.columns
