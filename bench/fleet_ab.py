@@ -87,7 +87,8 @@ def handover_ab(runners: int = 1000) -> dict[str, Any]:
 def before_after(runners: int = 1000) -> dict[str, Any]:
     """Server CPU a rollout of the servers of commit ``AB_BASE`` (default ``HEAD``) against this
     tree's, runners completing and claiming in one request; into fleet.json under
-    ``before_after``, keyed by the base commit (each step's A/B kept)."""
+    ``before_after``, keyed by the base commit (each step's A/B kept; ``<commit>-<runners>`` for
+    a count other than 1,000)."""
     from bench.refactor_ab import worktree
 
     base = os.environ.get("AB_BASE", "HEAD")
@@ -116,8 +117,8 @@ def before_after(runners: int = 1000) -> dict[str, Any]:
     return _record(
         "before_after",
         result,
-        f"AB_BASE={rev} python -m bench.fleet_ab before_after {runners}",
-        sub=rev,
+        f"BENCH_ROUNDS={ROUNDS} AB_BASE={rev} python -m bench.fleet_ab before_after {runners}",
+        sub=rev if runners == 1000 else f"{rev}-{runners}",  # other counts beside the 1,000 one
     )
 
 
