@@ -328,8 +328,9 @@ async def test_an_end_decided_on_a_row_someone_else_ended_is_refused_whole(
     where: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     # the guard behind every end: decided from a row read as live, written after another writer
-    # ended that attempt (here: the same transaction, first) — a Conflict, and nothing written;
-    # on PostgreSQL the attempt and its rollout are one statement (finish_one), on SQLite two
+    # ended that attempt (here: an end written first in the same transaction) — a Conflict, and
+    # nothing written; on PostgreSQL the attempt and its rollout are one statement (finish_one),
+    # on SQLite two
     from rollfleet.errors import Conflict
     from rollfleet.store import open_sql_store
     from rollfleet.store.ends import attempt_rows, decide_end, write_ends
@@ -342,15 +343,9 @@ async def test_an_end_decided_on_a_row_someone_else_ended_is_refused_whole(
         attempt_id = leased.attempt.attempt_id
 
         def race(tx: Any) -> None:
-            end = decide_end(attempt_rows(tx, [attempt_id])[attempt_id], AttemptStatus.SUCCEEDED)
-            tx.run(
-                "finish_attempt",
-                attempt_id=attempt_id,
-                status="lost",
-                now=1.0,
-                error="x",
-                charged=0,
-            )
+            row = attempt_rows(tx, [attempt_id])[attempt_id]
+            end = decide_end(row, AttemptStatus.SUCCEEDED)
+            write_ends(tx, [decide_end(row, AttemptStatus.LOST, error="lost")], 1.0)  # the other
             write_ends(tx, [end], 2.0)
 
         with pytest.raises(Conflict, match=f"attempt {attempt_id} was ended by someone else"):

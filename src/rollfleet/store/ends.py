@@ -129,7 +129,7 @@ def write_ends(tx: Tx, ends: Sequence[End], now: float, counted_by: str | None =
     attempts = [
         {
             "attempt_id": e.row["attempt_id"],
-            "status": e.outcome.value,
+            "attempt_status": e.outcome.value,
             "now": now,
             "error": e.error,
             "charged": e.charge.value,
@@ -153,14 +153,11 @@ def write_ends(tx: Tx, ends: Sequence[End], now: float, counted_by: str | None =
         }
         for e in ends
     ]
-    if tx.fused_writes and len(ends) == 1:  # both rows in one statement
-        (row,) = tx.all(
-            "finish_one",
-            **rollouts[0],
-            attempt_status=attempts[0]["status"],
-            charged=attempts[0]["charged"],
-        )
-        ended, moved = row["attempts"], row["rollouts"]
+    if tx.fused_writes:  # each end one statement: its attempt and its rollout
+        changed = [
+            tx.all("finish_one", **(a | r))[0] for a, r in zip(attempts, rollouts, strict=True)
+        ]
+        ended, moved = sum(c["attempts"] for c in changed), sum(c["rollouts"] for c in changed)
     else:
         ended = tx.many("finish_attempt", attempts)
         moved = tx.many("finish_rollout", rollouts) if ended == len(ends) else 0

@@ -62,7 +62,18 @@ def _schema_current(conn: Any) -> bool:
 
 @cache
 def _queries() -> dict[str, str]:
-    return {name: _PARAM.sub(r"%(\1)s", sql) for name, sql in queries.load("postgresql").items()}
+    named = {name: _PARAM.sub(r"%(\1)s", sql) for name, sql in queries.load("postgresql").items()}
+    return {**named, "finish_one": _finish_one(named)}
+
+
+def _finish_one(named: dict[str, str]) -> str:
+    """``finish_attempt`` and ``finish_rollout`` for one end, as one statement (data-modifying
+    CTEs; ``Tx.fused_writes``), answering how many attempts and rollouts it changed."""
+    attempt, rollout = (named[n].strip().rstrip(";") for n in ("finish_attempt", "finish_rollout"))
+    return (
+        f"WITH a AS ({attempt}\nRETURNING 1), r AS ({rollout}\n)\n"
+        "SELECT (SELECT count(*) FROM a) AS attempts, (SELECT count(*) FROM r) AS rollouts"
+    )
 
 
 @cache

@@ -14,9 +14,10 @@ class Tx(Protocol):
 
     # Whether one statement writes several tables (PostgreSQL's data-modifying CTEs), where each
     # statement is a round trip and ~0.1 ms of the server's CPU: a claim leases, opens the attempts
-    # and touches the worker in ``claim_open``, one end is ``finish_one``. False (SQLite, whose
-    # statements run in-process): ``claim_rollouts``, ``insert_attempt``, ``touch_worker``;
-    # ``finish_attempt``, ``finish_rollout``.
+    # and touches the worker in ``claim_open``; each end is ``finish_one`` (``finish_attempt`` and
+    # ``finish_rollout`` composed). False (SQLite, whose statements run in-process):
+    # ``claim_rollouts``, ``insert_attempt``, ``touch_worker``; ``finish_attempt`` then
+    # ``finish_rollout``, each over the whole batch.
     fused_writes: bool
 
     def all(self, name: str, **params: Any) -> list[Row]:

@@ -150,21 +150,9 @@ WHERE r.seq < :cursor::bigint
   AND (:search::text IS NULL OR starts_with(r.rollout_id, :search::text))
 ORDER BY r.seq DESC LIMIT :limit;
 
--- name: claim_rollouts
-UPDATE rollouts r
-SET status = 'preparing', num_attempts = r.num_attempts + 1, updated_at = :now,
-    current_attempt_id = 'at-' || lpad(to_hex(floor(:now * 1000)::bigint), 12, '0')
-                         || substr(md5(random()::text || clock_timestamp()::text), 1, 16)
-FROM (SELECT seq FROM rollouts WHERE status = 'queuing' AND available_at <= :now
-      ORDER BY priority DESC, seq
-      LIMIT :max_n FOR UPDATE SKIP LOCKED) q
-WHERE r.seq = q.seq
-RETURNING r.*;
-
 -- name: claim_open
--- claim_rollouts, insert_attempt and touch_worker in one statement (data-modifying CTEs): each
--- statement saved is ~0.1 ms of the server's CPU a claim. PostgreSQL only (Tx.fused_writes);
--- SQLite runs the three in-process. The attempts go in in claim order (their pos); the worker is
+-- SQLite's claim_rollouts, insert_attempt and touch_worker in one statement (data-modifying
+-- CTEs): each statement saved is ~0.1 ms of the server's CPU a claim (Tx.fused_writes). The attempts go in in claim order (their pos); the worker is
 -- BUSY once it holds work, and its outcomes counted so far (:succeeded, :failed) are added.
 WITH c AS (
     UPDATE rollouts r
@@ -234,7 +222,7 @@ WHERE a.attempt_id = ANY (ARRAY(SELECT json_array_elements_text(:ids::json)));
 -- name: finish_attempt
 -- One row a statement: set-wise, the planner matched the status guard to attempts_lease and walked
 -- every entry of that partial index, dead ones included.
-UPDATE attempts SET status = :status, finished_at = :now, error = :error, charged = :charged
+UPDATE attempts SET status = :attempt_status, finished_at = :now, error = :error, charged = :charged
 WHERE attempt_id = :attempt_id AND status IN ('preparing', 'running');
 
 -- name: finish_rollout
@@ -249,26 +237,6 @@ WHERE rollout_id = :rollout_id AND status IN ('queuing', 'preparing', 'running')
 -- Every process's LISTEN hears of it from this statement, not from one of its own after it (a
 -- round trip per completion); PostgreSQL sends a transaction's repeated notifications once.
 RETURNING pg_notify(CASE WHEN :status = 'queuing' THEN 'rollfleet_queued' ELSE 'rollfleet_finished' END, '');
-
--- name: finish_one
--- finish_attempt and finish_rollout for one end (a runner's own completion), in one statement:
--- PostgreSQL only (Tx.fused_writes). The counts say whether each row still stood to be ended.
-WITH a AS (
-    UPDATE attempts SET status = :attempt_status, finished_at = :now, error = :error, charged = :charged
-    WHERE attempt_id = :attempt_id AND status IN ('preparing', 'running')
-    RETURNING 1
-), r AS (
-    UPDATE rollouts
-    SET status = :status, result = COALESCE(:result::text, result), reward = COALESCE(:reward::float8, reward),
-        error = :error, attempts_charged = attempts_charged + :charged_own,
-        attempts_lost = attempts_lost + :charged_lost, available_at = :available_at,
-        suspect = GREATEST(suspect, :suspect), updated_at = :now,
-        finished_at = :finished_at::float8
-    WHERE rollout_id = :rollout_id AND status IN ('queuing', 'preparing', 'running')
-      AND (:attempt_id::text IS NULL OR current_attempt_id = :attempt_id::text)
-    RETURNING pg_notify(CASE WHEN :status = 'queuing' THEN 'rollfleet_queued' ELSE 'rollfleet_finished' END, '')
-)
-SELECT (SELECT count(*) FROM a) AS attempts, (SELECT count(*) FROM r) AS rollouts;
 
 -- name: rollout_columns
 SELECT column_name AS name FROM information_schema.columns

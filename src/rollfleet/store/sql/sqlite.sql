@@ -188,7 +188,7 @@ FROM attempts a JOIN rollouts r ON r.rollout_id = a.rollout_id
 WHERE a.attempt_id IN (SELECT value FROM json_each(:ids));
 
 -- name: finish_attempt
-UPDATE attempts SET status = :status, finished_at = :now, error = :error, charged = :charged
+UPDATE attempts SET status = :attempt_status, finished_at = :now, error = :error, charged = :charged
 WHERE attempt_id = :attempt_id AND status IN ('preparing', 'running');
 
 -- name: finish_rollout
