@@ -174,22 +174,25 @@ def claim(
     ``counted``: the worker's outcomes not yet added to its row (see ``write_ends``)."""
     if reap_first:
         reap(tx, now)
-    if tx.fused_writes:  # lease, attempts and the worker's row in one statement
-        rows = tx.all(
-            "claim_open",
-            max_n=max_n,
-            now=now,
-            worker_id=worker_id,
-            succeeded=counted[0],
-            failed=counted[1],
-        )
-        claimed = sorted(rows, key=lambda r: (-r["priority"], r["seq"]))
-        attempts = [_attempt_of(row, worker_id, now) for row in claimed]
-        return _leased_docs(claimed, attempts, worker_id, now)
-    claimed = sorted(
-        tx.all("claim_rollouts", max_n=max_n, now=now), key=lambda r: (-r["priority"], r["seq"])
+    if not tx.fused_writes:
+        rows = tx.all("claim_rollouts", max_n=max_n, now=now)
+        return _open_attempts(tx, _in_claim_order(rows), worker_id, now, counted)
+    # the lease, the attempts and the worker's row in one statement
+    rows = tx.all(
+        "claim_open",
+        max_n=max_n,
+        now=now,
+        worker_id=worker_id,
+        succeeded=counted[0],
+        failed=counted[1],
     )
-    return _open_attempts(tx, claimed, worker_id, now, counted)
+    claimed = _in_claim_order(rows)
+    return _leased_docs(claimed, [_attempt_of(r, worker_id, now) for r in claimed], worker_id, now)
+
+
+def _in_claim_order(rows: list[Row]) -> list[Row]:
+    """Leased rollout rows highest priority first, then FIFO (RETURNING keeps no order)."""
+    return sorted(rows, key=lambda r: (-r["priority"], r["seq"]))
 
 
 def claim_or_next(
